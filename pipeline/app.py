@@ -1,0 +1,151 @@
+"""The testable entry point: validate the config, build the parts, run the pipeline.
+
+`run(cfg)` is what `run.py` calls under `@hydra.main`; tests call it with a composed config.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+from typing import Any
+
+from omegaconf import DictConfig
+
+from pipeline.config import SlimeArgs, allowed_targets, build, load_object, to_plain, validate
+from pipeline.runner import Pipeline, Schedule
+from pipeline.sinks.jsonl import MetricsJsonl
+from pipeline.stages import StageParts
+
+__all__ = ["run", "run_identity"]
+
+logger = logging.getLogger(__name__)
+
+# top-level slime hook keys -> StageParts field
+_HOOKS = {
+    "custom_reward_post_process_path": "reward_post_process",
+    "custom_convert_samples_to_train_data_path": "convert_to_train_data",
+    "rollout_sample_filter_path": "rollout_sample_filter",
+    "custom_rollout_log_function_path": "rollout_log",
+}
+
+
+def run_identity(plain: dict[str, Any]) -> tuple[str, str | None]:
+    """(run name, wandb group): the name from the command-line overrides, the group = the sweep
+    folder name for multirun jobs (None for single runs)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        hc = HydraConfig.get()
+    except (ImportError, ValueError):
+        return os.path.basename(os.path.normpath(plain["paths"]["output_dir"])), None
+    name = hc.job.override_dirname or hc.job.name
+    group = os.path.basename(os.path.normpath(hc.sweep.dir)) if hc.mode == RunMode.MULTIRUN else None
+    return name, group
+
+
+def _target_of(node: Any) -> Any:
+    """The class or function a node names (None when it names nothing)."""
+    if not isinstance(node, dict):
+        return None
+    path = node["_target_"] if "_target_" in node else node.get("path")
+    return load_object(path) if path else None
+
+
+def _accepts(obj: Any, name: str) -> bool:
+    if obj is None:
+        return False
+    try:
+        params = inspect.signature(obj).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    """Validate `cfg`, build every part, run the rollouts; returns the last step's metrics."""
+    validate(cfg)
+    plain = to_plain(cfg)
+    plain.pop("hydra", None)
+    resume = plain["resume"]
+    run_dir = os.path.abspath(resume or plain["paths"]["output_dir"])
+    os.makedirs(run_dir, exist_ok=True)
+    args = SlimeArgs.from_config(plain)
+    allowed = allowed_targets(plain)
+    closers: list[Any] = []
+    sinks: list[Any] = []
+    try:
+        parts, eval_fn, schedule = _build(plain, args, allowed, run_dir, closers)
+        metrics_file = MetricsJsonl(os.path.join(run_dir, "metrics.jsonl"))
+        metrics_file.truncate_from(schedule.start_rollout_id)
+        name, group = run_identity(plain)
+        sink = build(plain["logger"], allowed=allowed, where="logger")
+        if sink is not None:
+            sink.start(run_dir=run_dir, name=name, group=group, config=plain, resume=bool(resume))
+            sinks.append(sink)
+        pipeline = Pipeline(parts=parts, schedule=schedule, metrics_file=metrics_file, eval_fn=eval_fn, sinks=sinks)
+        logger.info("run dir %s: rollouts %d..%d", run_dir, schedule.start_rollout_id, schedule.num_rollout - 1)
+        return pipeline.run()
+    finally:
+        for sink in sinks:
+            sink.finish()
+        for obj in closers:
+            close = getattr(obj, "close", None)
+            if callable(close):
+                close()
+
+
+def _load_tokenizer(plain: dict[str, Any]) -> Any:
+    """The tokenizer of `hf_checkpoint` (for engines that load theirs lazily)."""
+    from pipeline.engines.assets import load_tokenizer, resolve_checkpoint
+
+    return load_tokenizer(resolve_checkpoint(plain["hf_checkpoint"], plain["paths"]["cache_dir"]))
+
+
+def _build(plain: dict[str, Any], args: SlimeArgs, allowed: tuple[str, ...], run_dir: str,
+           closers: list[Any]) -> tuple[StageParts, Any, Schedule]:
+    """Build engine, tokenizer, data source, reward, filters, rollout/eval functions, hooks."""
+    rollout_cls, eval_cls = _target_of(plain["rollout"]), _target_of(plain["eval"])
+    consumers = (rollout_cls, eval_cls)
+    engine = None
+    if any(_accepts(c, "engine") or _accepts(c, "tokenizer") for c in consumers):
+        engine = build(plain["engine"], allowed=allowed, where="engine")
+        closers.append(engine)
+    ds_node = dict(plain["data_source"])
+    if ds_node.get("save_dir") is None:
+        ds_node["save_dir"] = os.path.join(run_dir, "checkpoints")
+    # engines load their tokenizer lazily (the hf one converts the model on first access), so it
+    # is fetched only for parts that need it at build time; engine rollouts take engine.tokenizer
+    needs_tokenizer = bool(ds_node.get("apply_chat_template")) or ds_node.get("max_prompt_len") is not None \
+        or any(_accepts(c, "tokenizer") and not _accepts(c, "engine") for c in consumers)
+    tokenizer = None
+    if needs_tokenizer:
+        tokenizer = getattr(engine, "tokenizer", None) if engine is not None else None
+        if tokenizer is None:
+            tokenizer = _load_tokenizer(plain)
+    buffer_filter = build(plain["filter"], allowed=allowed, where="filter")
+    data_source = build(ds_node, allowed=allowed, where="data_source", args=args, tokenizer=tokenizer,
+                        buffer_filter=buffer_filter)
+    start = plain["start_rollout_id"]
+    if plain["resume"]:
+        last = data_source.load()
+        if last is None:
+            raise FileNotFoundError(
+                f"resume: no valid checkpoint in {ds_node['save_dir']}; expected checkpoints/rollout_<id>.json")
+        start = last + 1
+        logger.info("resume: %s from checkpoint %d, next rollout %d", run_dir, last, start)
+    needs_reward = any(_accepts(c, "reward") for c in consumers)
+    reward = build(plain["reward"], allowed=allowed, where="reward") if needs_reward else None
+    dynamic_filter = build(plain["dynamic_filter"], allowed=allowed, where="dynamic_filter")
+    runtime = dict(engine=engine, reward=reward, dynamic_filter=dynamic_filter, tokenizer=tokenizer,
+                   args=args, run_dir=run_dir)
+    rollout_fn = build(plain["rollout"], allowed=allowed, where="rollout", **runtime)
+    eval_fn = build(plain["eval"], allowed=allowed, where="eval", **runtime)
+    closers.extend(x for x in (rollout_fn, eval_fn, data_source) if x is not None)
+    hooks = {field: build({"path": plain[key]}, allowed=allowed, where=key) for key, field in _HOOKS.items()}
+    parts = StageParts(args=args, data_source=data_source, rollout_fn=rollout_fn, run_dir=run_dir, **hooks)
+    schedule = Schedule(start_rollout_id=start, num_rollout=plain["num_rollout"],
+                        save_interval=plain["save_interval"], eval_interval=plain["eval_interval"],
+                        eval_before_train=plain["eval_before_train"] and not plain["resume"])
+    return parts, eval_fn, schedule

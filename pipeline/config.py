@@ -1,0 +1,296 @@
+"""Config plumbing: the one plugin builder, the pre-flight validator and the slime `args` view.
+
+* `build(node, **runtime)` is the only caller of `hydra.utils.instantiate`. A node names its
+  target with `_target_` (+ `_partial_` for functions) or with a dotted `path` (a function,
+  treated as `_target_` + `_partial_`; with a `_target_` present, `path` is a plain keyword). Targets outside the allowlist are refused. Runtime
+  keyword arguments are passed only when the target's signature accepts them.
+* `validate(cfg)` checks the whole config once, before anything heavy is built.
+* `SlimeArgs` is the read-only attribute namespace with slime's names handed to plugins.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+__all__ = [
+    "ConfigError",
+    "PluginImportError",
+    "TargetNotAllowedError",
+    "SlimeArgs",
+    "build",
+    "load_object",
+    "to_plain",
+    "validate",
+]
+
+logger = logging.getLogger(__name__)
+
+_META_KEYS = ("_target_", "_partial_", "_recursive_", "_convert_", "_args_")
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; the message names the key and what was expected."""
+
+
+class TargetNotAllowedError(ConfigError):
+    """A `_target_` / `path` names a module outside the allowlist."""
+
+
+class PluginImportError(ImportError):
+    """A dotted plugin path could not be imported; names the path and the underlying error."""
+
+
+def to_plain(cfg: Any) -> Any:
+    """Resolve a DictConfig/ListConfig into plain dicts and lists (safe to send to Ray / pickle)."""
+    if isinstance(cfg, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    return cfg
+
+
+def _allowed_prefixes(allowed: Iterable[str] | None) -> tuple[str, ...]:
+    return tuple(str(p) for p in (allowed or ()))
+
+
+def check_allowed(target: str, allowed: Iterable[str], where: str = "") -> None:
+    """Raise `TargetNotAllowedError` unless `target` starts with one of the allowed prefixes.
+
+    A prefix ending with "." allows a package (`pipeline.`); one without allows that exact name
+    and anything under it (`builtins.dict`).
+    """
+    for prefix in _allowed_prefixes(allowed):
+        if prefix.endswith("."):
+            if target.startswith(prefix):
+                return
+        elif target == prefix or target.startswith(prefix + "."):
+            return
+    hint = target.rsplit(".", 1)[0].split(".")[0] + "."
+    raise TargetNotAllowedError(
+        f"{where or 'plugin'}: target {target!r} is not allowed; allowed module prefixes are "
+        f"{list(_allowed_prefixes(allowed))}. If this is your own code, add its package with "
+        f"allowed_targets_extra=[{hint}]"
+    )
+
+
+def load_object(path: str, allowed: Iterable[str] | None = None, where: str = "") -> Any:
+    """Import `pkg.mod.attr` (after the allowlist check when `allowed` is given)."""
+    if not isinstance(path, str) or "." not in path:
+        raise ConfigError(f"{where or 'plugin'}: expected a dotted path 'pkg.mod.name', got {path!r}")
+    if allowed is not None:
+        check_allowed(path, allowed, where)
+    module_name, _, attr = path.rpartition(".")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # any import-time failure is the user's plugin failing
+        # the path may name a nested attribute (pkg.mod.Class.method): try one level up
+        if "." in module_name:
+            try:
+                return getattr(load_object(module_name, None, where), attr)
+            except Exception:
+                pass
+        raise PluginImportError(
+            f"{where or 'plugin'}: cannot import {path!r}: {type(exc).__name__}: {exc}"
+        ) from exc
+    try:
+        return getattr(module, attr)
+    except AttributeError as exc:
+        raise PluginImportError(
+            f"{where or 'plugin'}: cannot import {path!r}: module {module_name!r} has no attribute {attr!r}"
+        ) from exc
+
+
+def _accepted_kwargs(fn: Any, runtime: Mapping[str, Any]) -> dict[str, Any]:
+    """The subset of `runtime` that `fn` accepts by name (all of it when it takes **kwargs)."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return {}
+    params = sig.parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return dict(runtime)
+    return {
+        k: v
+        for k, v in runtime.items()
+        if k in params and params[k].kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    }
+
+
+def build(
+    node: Any,
+    *,
+    allowed: Iterable[str] | None = None,
+    where: str = "",
+    **runtime: Any,
+) -> Any:
+    """Build a plugin from a config node; None / a node without a target gives None.
+
+    `allowed`: module prefixes (`cfg.allowed_targets + cfg.allowed_targets_extra`); when None the
+    default `("pipeline.",)` applies. `where` names the config key for error messages.
+    `runtime`: objects injected by name when the target's signature accepts them (config keys win);
+    never into `_partial_` functions, which keep their own (slime) signature.
+    """
+    from hydra.utils import instantiate  # the only call site in the code base
+
+    allowed = tuple(allowed) if allowed is not None else ("pipeline.",)
+    if node is None:
+        return None
+    if isinstance(node, (DictConfig, ListConfig)):
+        node = OmegaConf.to_container(node, resolve=True, throw_on_missing=True)
+    if not isinstance(node, dict):
+        raise ConfigError(f"{where or 'plugin'}: expected a mapping with _target_ or path, got {node!r}")
+    node = dict(node)
+    # with a _target_, `path` is an ordinary keyword (e.g. the data source's data path)
+    if "path" in node and "_target_" not in node:
+        path = node.pop("path")
+        if path is None:
+            return None
+        node["_target_"] = path
+        node["_partial_"] = True
+    target = node.get("_target_")
+    if target is None:
+        return None
+    if not isinstance(target, str):
+        raise ConfigError(f"{where}._target_: expected a dotted path string, got {target!r}")
+    _check_tree(node, allowed, where)
+    obj = load_object(target, allowed, where)  # clear import errors before hydra wraps them
+    # functions (`_partial_`, `path`) are called later by the pipeline with their own arguments
+    # (slime's `args` among them): only objects built now get runtime parts injected
+    extra = {} if node.get("_partial_") else {
+        k: v for k, v in _accepted_kwargs(obj, runtime).items() if k not in node}
+    try:
+        return instantiate(node, _convert_="all", **extra)
+    except Exception as exc:
+        raise ConfigError(f"{where or 'plugin'}: building {target!r} failed: {type(exc).__name__}: {exc}") from exc
+
+
+def _check_tree(node: Any, allowed: tuple[str, ...], where: str) -> None:
+    """Refuse disallowed targets anywhere in a nested node (hydra would instantiate them)."""
+    if isinstance(node, dict):
+        target = node.get("_target_")
+        if isinstance(target, str):
+            check_allowed(target, allowed, where)
+        for key, value in node.items():
+            _check_tree(value, allowed, f"{where}.{key}" if where else str(key))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            _check_tree(value, allowed, f"{where}[{i}]")
+
+
+def allowed_targets(cfg: Any) -> tuple[str, ...]:
+    """The allowlist of a run config: `allowed_targets` + `allowed_targets_extra`."""
+    return tuple(cfg["allowed_targets"]) + tuple(cfg["allowed_targets_extra"] or ())
+
+
+# ----------------------------------------------------------------------------------- args view
+# data-source keys mirrored into args under slime's names
+_DATA_MIRRORS = {
+    "path": "prompt_data",
+    "seed": "rollout_seed",
+    "shuffle": "rollout_shuffle",
+    "input_key": "input_key",
+    "label_key": "label_key",
+    "metadata_key": "metadata_key",
+    "tool_key": "tool_key",
+    "apply_chat_template": "apply_chat_template",
+    "apply_chat_template_kwargs": "apply_chat_template_kwargs",
+}
+
+
+class SlimeArgs:
+    """Read-only attribute view with slime's names (SPEC §6); unknown names raise AttributeError."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self, values: Mapping[str, Any]) -> None:
+        object.__setattr__(self, "_values", dict(values))
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> SlimeArgs:
+        """Build the view from a (resolved or not) run config."""
+        plain = to_plain(cfg)
+        values: dict[str, Any] = {k: v for k, v in plain.items() if k not in ("hydra",)}
+        ds = plain.get("data_source") or {}
+        for src, dst in _DATA_MIRRORS.items():
+            if src in ds:
+                values[dst] = ds[src]
+        if ds.get("max_prompt_len") is not None:
+            values["rollout_max_prompt_len"] = ds["max_prompt_len"]
+        reward = plain.get("reward") or {}
+        for key in ("rm_type", "custom_rm_path"):
+            if key in reward:
+                values[key] = reward[key]
+        adv = plain.get("advantage") or {}
+        if "estimator" in adv:
+            values["advantage_estimator"] = adv["estimator"]
+        for key in ("rewards_normalization", "grpo_std_normalization", "group_mode"):
+            if key in adv:
+                values[key] = adv[key]
+        ev = plain.get("eval") or {}
+        datasets = ev.get("datasets") if isinstance(ev, dict) else None
+        values["eval_prompt_data"] = _eval_prompt_data(datasets)
+        filt = plain.get("filter") or {}
+        values["buffer_filter_path"] = filt.get("_target_") or filt.get("path")
+        dyn = plain.get("dynamic_filter") or {}
+        values["dynamic_sampling_filter_path"] = dyn.get("_target_") or dyn.get("path")
+        values.setdefault("rollout_global_dataset", True)
+        return cls(values)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self._values[name]
+        except KeyError:
+            raise AttributeError(f"args has no attribute {name!r} (not a run key or slime mirror)") from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"args is read-only; cannot set {name!r} (change the config instead)")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"args is read-only; cannot delete {name!r}")
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._values
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (SlimeArgs, (self._values,))
+
+    def as_dict(self) -> dict[str, Any]:
+        """A copy of every value."""
+        return dict(self._values)
+
+    def __repr__(self) -> str:
+        return f"SlimeArgs({len(self._values)} keys)"
+
+
+def _eval_prompt_data(datasets: Any) -> list[str] | None:
+    """slime's flat `[name1, path1, name2, path2, ...]` from our list of dataset nodes."""
+    if not datasets:
+        return None
+    flat: list[str] = []
+    for ds in datasets:
+        if isinstance(ds, dict) and "name" in ds and "path" in ds:
+            flat += [str(ds["name"]), str(ds["path"])]
+    return flat or None
+
+
+def validate(cfg: Any) -> None:
+    """Pre-flight check of the whole config; raises ConfigError listing every problem found."""
+    from pipeline.config_rules import collect_problems
+
+    problems = collect_problems(to_plain_lenient(cfg))
+    if problems:
+        raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
+
+
+def to_plain_lenient(cfg: Any) -> dict[str, Any]:
+    """Resolve what resolves; `hydra:` interpolations outside a Hydra run are left out."""
+    if isinstance(cfg, (DictConfig, ListConfig)):
+        try:
+            return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
+        except Exception as exc:
+            raise ConfigError(f"config does not resolve: {exc}") from exc
+    return dict(cfg)

@@ -1,0 +1,175 @@
+"""The rules behind `pipeline.config.validate`: one pass over the resolved config.
+
+Each rule appends a message naming the key, the value found and what was expected; the caller
+raises them all at once so a user fixes a config in one go.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+__all__ = ["collect_problems"]
+
+_SLICE = re.compile(r"@\[[^\]]*\]$")
+_POSITIVE_INTS = ("num_rollout", "rollout_batch_size", "n_samples_per_prompt", "over_sampling_batch_size",
+                  "rollout_max_response_len", "n_samples_per_eval_prompt")
+_BOOLS = ("partial_rollout", "mask_offpolicy_in_partial_rollout", "eval_before_train")
+_HOOK_KEYS = ("custom_reward_post_process_path", "custom_convert_samples_to_train_data_path",
+              "rollout_sample_filter_path", "custom_rollout_log_function_path")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _target(node: Any) -> str | None:
+    if not isinstance(node, dict):
+        return None
+    return node["_target_"] if "_target_" in node else node.get("path")
+
+
+def _missing(node: Any, prefix: str, out: list[str]) -> None:
+    if isinstance(node, dict):
+        for k, v in node.items():
+            _missing(v, f"{prefix}.{k}" if prefix else str(k), out)
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            _missing(v, f"{prefix}[{i}]", out)
+    elif node == "???":
+        out.append(f"{prefix}: a value is required (it is ??? in the config); set {prefix}=...")
+
+
+def collect_problems(cfg: dict[str, Any]) -> list[str]:
+    """Every problem found in the resolved run config `cfg` (empty when it is valid)."""
+    out: list[str] = []
+    _missing({k: v for k, v in cfg.items() if k != "hydra"}, "", out)
+    _sizes(cfg, out)
+    _cross_group(cfg, out)
+    _data_path(cfg, out)
+    _advantage(cfg, out)
+    _plugins(cfg, out)
+    return out
+
+
+def _advantage(cfg: dict[str, Any], out: list[str]) -> None:
+    from pipeline.stages.advantages import ESTIMATORS, GROUP_MODES
+
+    adv = cfg.get("advantage")
+    if not isinstance(adv, dict):
+        out.append("advantage: expected a node with estimator, rewards_normalization, grpo_std_normalization, group_mode")
+        return
+    if adv.get("estimator") not in ESTIMATORS:
+        out.append(f"advantage.estimator: expected one of {sorted(ESTIMATORS)}, got {adv.get('estimator')!r}")
+    if adv.get("group_mode") not in GROUP_MODES:
+        out.append(f"advantage.group_mode: expected one of {sorted(GROUP_MODES)}, got {adv.get('group_mode')!r}")
+    for key in ("rewards_normalization", "grpo_std_normalization"):
+        if not isinstance(adv.get(key), bool):
+            out.append(f"advantage.{key}: expected true or false, got {adv.get(key)!r}")
+    n = cfg.get("n_samples_per_prompt")
+    if adv.get("estimator") == "rloo" and adv.get("rewards_normalization") is True and _is_int(n) and n < 2:
+        out.append(f"advantage=rloo needs n_samples_per_prompt >= 2 (a leave-one-out baseline), got {n}")
+
+
+def _sizes(cfg: dict[str, Any], out: list[str]) -> None:
+    for key in _POSITIVE_INTS:
+        v = cfg.get(key)
+        if not _is_int(v) or v <= 0:
+            out.append(f"{key}: expected a positive integer, got {v!r}")
+    start = cfg.get("start_rollout_id")
+    if not _is_int(start) or start < 0:
+        out.append(f"start_rollout_id: expected an integer >= 0, got {start!r}")
+    elif _is_int(cfg.get("num_rollout")) and start >= cfg["num_rollout"]:
+        out.append(f"start_rollout_id: {start} must be < num_rollout ({cfg['num_rollout']}); nothing would run")
+    rbs, osb = cfg.get("rollout_batch_size"), cfg.get("over_sampling_batch_size")
+    if _is_int(rbs) and _is_int(osb) and osb < rbs:
+        out.append(f"over_sampling_batch_size: {osb} must be >= rollout_batch_size ({rbs})")
+    for key in _BOOLS:
+        if not isinstance(cfg.get(key), bool):
+            out.append(f"{key}: expected true or false, got {cfg.get(key)!r}")
+    for key in ("save_interval", "eval_interval"):
+        v = cfg.get(key)
+        if v is not None and (not _is_int(v) or v <= 0):
+            out.append(f"{key}: expected a positive integer or null, got {v!r}")
+    t = cfg.get("rollout_temperature")
+    if not _is_num(t) or t < 0:
+        out.append(f"rollout_temperature: expected a number >= 0, got {t!r}")
+    p = cfg.get("rollout_top_p")
+    if not _is_num(p) or not 0 < p <= 1:
+        out.append(f"rollout_top_p: expected a number in (0, 1], got {p!r}")
+    k = cfg.get("rollout_top_k")
+    if not _is_int(k):
+        out.append(f"rollout_top_k: expected an integer (-1 for no cut), got {k!r}")
+    if not _is_int(cfg.get("seed")):
+        out.append(f"seed: expected an integer, got {cfg.get('seed')!r}")
+
+
+def _cross_group(cfg: dict[str, Any], out: list[str]) -> None:
+    ds = cfg.get("data_source") or {}
+    plain = str(_target(ds) or "").endswith("PlainDataSource")
+    filt = str(_target(cfg.get("filter")) or "")
+    if plain and filt and not filt.endswith("pop_first"):
+        out.append(f"filter: {filt!r} needs a buffer, but data_source=plain has none; "
+                   f"use data_source=buffered (or filter=pop_first)")
+    if plain and cfg.get("partial_rollout") is True:
+        out.append("partial_rollout: true needs data_source=buffered (unfinished groups go back to "
+                   "the buffer); the plain source has no buffer")
+    if cfg.get("mask_offpolicy_in_partial_rollout") is True and cfg.get("partial_rollout") is False:
+        out.append("mask_offpolicy_in_partial_rollout: true has no effect without partial_rollout: true")
+    if isinstance(ds, dict) and _is_int(cfg.get("n_samples_per_prompt")) and "n_samples_per_prompt" in ds:
+        if ds["n_samples_per_prompt"] != cfg["n_samples_per_prompt"]:
+            out.append(f"data_source.n_samples_per_prompt: {ds['n_samples_per_prompt']} differs from "
+                       f"n_samples_per_prompt ({cfg['n_samples_per_prompt']}); leave it as ${{n_samples_per_prompt}}")
+    has_eval = _target(cfg.get("eval")) is not None
+    if cfg.get("eval_interval") is not None and not has_eval:
+        out.append(f"eval_interval: {cfg['eval_interval']} is set but eval=none; choose an eval option "
+                   f"(eval=engine) or set eval_interval=null")
+    if cfg.get("eval_before_train") is True and not has_eval:
+        out.append("eval_before_train: true but eval=none; choose an eval option (eval=engine)")
+    resume = cfg.get("resume")
+    if resume is not None and not os.path.isdir(str(resume)):
+        out.append(f"resume: {resume!r} is not a directory; expected a previous run dir (outputs/runs/...)")
+
+
+def _data_path(cfg: dict[str, Any], out: list[str]) -> None:
+    ds = cfg.get("data_source")
+    if not isinstance(ds, dict) or "path" not in ds:
+        return
+    if "seed" in ds and not _is_int(ds["seed"]):
+        out.append(f"data_source.seed: expected an integer, got {ds['seed']!r}")
+    if "shuffle" in ds and not isinstance(ds["shuffle"], bool):
+        out.append(f"data_source.shuffle: expected true or false, got {ds['shuffle']!r}")
+    paths = ds["path"] if isinstance(ds["path"], list) else [ds["path"]]
+    for p in paths:
+        if not isinstance(p, str) or not p:
+            out.append(f"data_source.path: expected a file path string, got {p!r}")
+            continue
+        bare = _SLICE.sub("", p)
+        if not os.path.exists(bare):
+            out.append(f"data_source.path: {bare!r} does not exist (cwd {os.getcwd()}); expected a "
+                       f".jsonl/.parquet/.json file or a datasets folder")
+    ev = cfg.get("eval")
+    datasets = ev.get("datasets") if isinstance(ev, dict) else None
+    for i, d in enumerate(datasets if isinstance(datasets, list) else []):
+        p = d.get("path") if isinstance(d, dict) else None
+        if isinstance(p, str) and not os.path.exists(_SLICE.sub("", p)):
+            out.append(f"eval.datasets[{i}].path: {p!r} does not exist; expected an eval prompt file")
+
+
+def _plugins(cfg: dict[str, Any], out: list[str]) -> None:
+    for key in ("allowed_targets", "allowed_targets_extra"):
+        v = cfg.get(key)
+        if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
+            out.append(f"{key}: expected a list of module prefixes like [mypkg.], got {v!r}")
+    for key in _HOOK_KEYS:
+        v = cfg.get(key)
+        if v is not None and (not isinstance(v, str) or "." not in v):
+            out.append(f"{key}: expected a dotted path 'pkg.mod.fn' or null, got {v!r}")
+    for group in ("rollout", "data_source", "logger"):
+        if _target(cfg.get(group)) is None:
+            out.append(f"{group}: the node has no _target_ or path; choose an option ({group}=...)")

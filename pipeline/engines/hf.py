@@ -1,0 +1,263 @@
+"""`hf`: in-process transformers generation with continuous batching on a decode thread.
+
+Construction is cheap; the model loads on `start()` (called by the first `generate`). One
+background thread owns the model and runs `DecodeBatch` steps; requests join the running batch
+between decode steps (up to `max_batch_size` rows), so a request submitted mid-generation does
+not wait for the batch to drain. `abort_all()` finishes every row submitted before it with
+finish_reason "abort" and the tokens generated so far, at the next step boundary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import threading
+import time
+from collections import deque
+from typing import Any
+
+import torch
+
+from pipeline.engines.assets import load_tokenizer, resolve_checkpoint
+from pipeline.engines.base import GenerationRequest, GenerationResult
+from pipeline.engines.hf_decode import DecodeBatch, Row
+
+__all__ = ["HFEngine"]
+
+logger = logging.getLogger(__name__)
+
+
+class HFEngine:
+    """In-process transformers engine (see module docstring)."""
+
+    def __init__(
+        self,
+        hf_checkpoint: str,
+        cache_dir: str | None = None,
+        num_threads: int = 2,
+        max_batch_size: int = 32,
+        batch_wait_s: float = 0.005,
+        dtype: str = "float32",
+        attn_implementation: str = "sdpa",
+        trust_remote_code: bool = False,
+        seed: int = 0,
+    ) -> None:
+        self.hf_checkpoint = hf_checkpoint
+        self.cache_dir = cache_dir
+        self.num_threads = num_threads
+        self.max_batch_size = max_batch_size
+        self.batch_wait_s = batch_wait_s
+        self.dtype = dtype
+        self.attn_implementation = attn_implementation
+        self.trust_remote_code = trust_remote_code
+        # seeds requests that carry no seed of their own
+        self._rng = random.Random(seed)
+        self.model: Any = None
+        self._tokenizer: Any = None
+        self._eos_ids: frozenset[int] = frozenset()
+        self._max_positions = 0
+        self._pending: deque[Row] = deque()
+        self._cv = threading.Condition()
+        self._abort_epoch = 0
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+        self._fatal: BaseException | None = None
+        # counters for benchmarks / metrics
+        self.tokens_generated = 0
+        self.busy_s = 0.0
+
+    @property
+    def tokenizer(self) -> Any:
+        """The checkpoint's tokenizer (loaded on first use, without loading the model)."""
+        if self._tokenizer is None:
+            path = resolve_checkpoint(self.hf_checkpoint, self.cache_dir)
+            self._tokenizer = load_tokenizer(path, trust_remote_code=self.trust_remote_code)
+        return self._tokenizer
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Load the model and tokenizer and start the decode thread (idempotent)."""
+        with self._start_lock:
+            if self._thread is not None:
+                return
+            if self._closed:
+                raise RuntimeError("HFEngine is closed")
+            from transformers import AutoModelForCausalLM
+
+            torch.set_num_threads(self.num_threads)
+            path = resolve_checkpoint(self.hf_checkpoint, self.cache_dir)
+            tokenizer = self.tokenizer  # loads it if needed
+            self.model = AutoModelForCausalLM.from_pretrained(
+                path, dtype=getattr(torch, self.dtype), attn_implementation=self.attn_implementation,
+                trust_remote_code=self.trust_remote_code,
+            ).eval()
+            self._eos_ids = frozenset(_eos_ids(self.model, tokenizer))
+            self._max_positions = int(getattr(self.model.config, "max_position_embeddings", 1 << 30))
+            self._thread = threading.Thread(target=self._loop, name="hf-engine-decode", daemon=True)
+            self._thread.start()
+            logger.info("hf engine ready: %s, %d threads, max batch %d", path,
+                        self.num_threads, self.max_batch_size)
+
+    def close(self) -> None:
+        """Stop the decode thread; pending requests finish with "abort". Idempotent."""
+        with self._cv:
+            self._closed = True
+            self._abort_epoch += 1
+            self._cv.notify_all()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=30)
+
+    # -- Engine API ---------------------------------------------------------------------------
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        """Generate for one request (see `pipeline.engines.base.Engine`)."""
+        if self._thread is None:
+            await asyncio.to_thread(self.start)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Row] = loop.create_future()
+
+        def done(row: Row) -> None:
+            loop.call_soon_threadsafe(_resolve, future, row)
+
+        row = self._make_row(request, done)
+        with self._cv:
+            if self._closed:
+                raise RuntimeError("HFEngine is closed")
+            self._pending.append(row)
+            self._cv.notify_all()
+        try:
+            row = await future
+        except asyncio.CancelledError:
+            with self._cv:  # stop spending compute on it
+                row.abort_epoch = -1
+            raise
+        if row.error is not None:
+            raise row.error
+        return self._result(row)
+
+    async def abort_all(self) -> None:
+        """Abort every request submitted so far; their `generate` calls return promptly."""
+        with self._cv:
+            self._abort_epoch += 1
+            self._cv.notify_all()
+
+    async def health(self) -> bool:
+        """True while the engine can take requests."""
+        return not self._closed and self._fatal is None
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def _make_row(self, request: GenerationRequest, on_done: Any) -> Row:
+        sp = request.sampling
+        if request.input_ids is not None:
+            ids = list(request.input_ids)
+        elif request.text is not None:
+            ids = self.tokenizer.encode(request.text)
+        else:
+            raise ValueError(f"request {request.request_id}: needs input_ids or text")
+        if not ids:
+            raise ValueError(f"request {request.request_id}: empty prompt")
+        room = self._max_positions - len(ids)
+        if room <= 0:
+            raise ValueError(
+                f"request {request.request_id}: prompt of {len(ids)} tokens exceeds the model's "
+                f"{self._max_positions} positions"
+            )
+        gen = torch.Generator()
+        gen.manual_seed(sp.seed if sp.seed is not None else self._rng.getrandbits(63))
+        return Row(
+            request_id=request.request_id, prompt_ids=ids, sampling=sp,
+            max_new_tokens=max(0, min(sp.max_new_tokens, room)), generator=gen,
+            stop_ids=self._eos_ids | frozenset(sp.stop_token_ids), on_done=on_done,
+            abort_epoch=self._abort_epoch,
+        )
+
+    def _result(self, row: Row) -> GenerationResult:
+        text = self.tokenizer.decode(row.output_ids, skip_special_tokens=True)
+        assert row.finish_reason is not None
+        return GenerationResult(
+            request_id=row.request_id, output_ids=list(row.output_ids), text=text,
+            finish_reason=row.finish_reason, log_probs=list(row.log_probs),
+        )
+
+    # -- decode thread ------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        batch = DecodeBatch(self.model, self.tokenizer, pad_id=int(self.tokenizer.pad_token_id))
+        try:
+            with torch.inference_mode():
+                while True:
+                    new = self._wait_for_work(batch)
+                    if new is None:
+                        break
+                    t0 = time.perf_counter()
+                    before = batch.tokens_generated
+                    batch.admit(new)
+                    self._finish(batch.release_finished())
+                    batch.decode()
+                    self._finish(batch.release_finished())
+                    self.tokens_generated += batch.tokens_generated - before
+                    self.busy_s += time.perf_counter() - t0
+        except BaseException as exc:  # noqa: BLE001 - delivered to every waiter
+            logger.exception("hf engine decode thread failed")
+            self._fatal = exc
+            with self._cv:
+                rows = list(batch.rows) + list(self._pending)
+                self._pending.clear()
+            for row in rows:
+                row.error = RuntimeError(f"hf engine failed: {exc!r}")
+                row.on_done(row)
+
+    def _wait_for_work(self, batch: DecodeBatch) -> list[Row] | None:
+        """Apply aborts, then take pending rows that fit; None when closed and drained."""
+        with self._cv:
+            while not batch.rows and not self._pending:
+                if self._closed:
+                    return None
+                self._cv.wait()
+                if self._pending and self.batch_wait_s > 0:
+                    # give concurrent submitters a moment to join this batch
+                    self._cv.wait(timeout=self.batch_wait_s)
+            epoch = self._abort_epoch
+            for row in list(self._pending):
+                if row.abort_epoch < epoch:
+                    self._pending.remove(row)
+                    row.finish_reason = "abort"
+                    row.on_done(row)
+            for row in batch.rows:
+                if row.abort_epoch < epoch:
+                    row.finish_reason = "abort"
+            new: list[Row] = []
+            while self._pending and len(batch.rows) + len(new) < self.max_batch_size:
+                row = self._pending.popleft()
+                if row.max_new_tokens == 0:
+                    row.finish_reason = "length"
+                    row.on_done(row)
+                    continue
+                new.append(row)
+        self._finish(batch.release_finished())
+        return new
+
+    @staticmethod
+    def _finish(rows: list[Row]) -> None:
+        for row in rows:
+            row.on_done(row)
+
+
+def _resolve(future: asyncio.Future[Row], row: Row) -> None:
+    if not future.done():
+        future.set_result(row)
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), model.config, tokenizer):
+        value = getattr(source, "eos_token_id", None) if source is not None else None
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(int(v) for v in value)
+    return ids

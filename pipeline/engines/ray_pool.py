@@ -1,0 +1,283 @@
+"""`ray`: N replicas of the hf engine as Ray actors, least-loaded dispatch, failover.
+
+Each replica is an async Ray actor holding an `HFEngine` (continuous batching inside it).
+Requests go to the live replica with the fewest requests in flight. When a replica dies (crash,
+`ray.kill`, node loss) its in-flight requests are resubmitted to the others and a replacement
+actor is started in its slot. `abort_all` fans out to every replica. Requests and results cross
+to Ray as plain dicts (no pickled project objects on the wire beyond Ray's own transport).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import tempfile
+from typing import Any
+
+from pipeline.engines.assets import resolve_checkpoint
+from pipeline.engines.base import GenerationRequest, GenerationResult, SamplingParams
+
+__all__ = ["RayEngine", "request_to_dict", "request_from_dict"]
+
+logger = logging.getLogger(__name__)
+
+
+def request_to_dict(request: GenerationRequest) -> dict[str, Any]:
+    """A GenerationRequest as plain JSON-able data."""
+    d = dataclasses.asdict(request)
+    d["sampling"]["stop"] = list(request.sampling.stop)
+    d["sampling"]["stop_token_ids"] = list(request.sampling.stop_token_ids)
+    return d
+
+
+def request_from_dict(d: dict[str, Any]) -> GenerationRequest:
+    """Inverse of `request_to_dict`."""
+    s = dict(d["sampling"])
+    s["stop"] = tuple(s["stop"])
+    s["stop_token_ids"] = tuple(s["stop_token_ids"])
+    return GenerationRequest(request_id=d["request_id"], input_ids=d["input_ids"], text=d["text"],
+                             sampling=SamplingParams(**s), session_id=d["session_id"])
+
+
+class _Replica:
+    """Ray actor body: one HFEngine (becomes a remote class in `RayEngine.start`)."""
+
+    def __init__(self, engine_kwargs: dict[str, Any]) -> None:
+        from pipeline.engines.hf import HFEngine
+
+        self.engine = HFEngine(**engine_kwargs)
+        self.engine.start()
+
+    async def generate(self, request: dict[str, Any]) -> dict[str, Any]:
+        return dataclasses.asdict(await self.engine.generate(request_from_dict(request)))
+
+    async def abort_all(self) -> None:
+        await self.engine.abort_all()
+
+    async def health(self) -> bool:
+        return await self.engine.health()
+
+    async def stats(self) -> dict[str, float]:
+        return {"tokens_generated": self.engine.tokens_generated, "busy_s": self.engine.busy_s}
+
+
+@dataclasses.dataclass
+class _Slot:
+    actor: Any = None
+    # the actor answered a health call (its model is loaded)
+    ready: bool = False
+    inflight: int = 0
+    restarts: int = 0
+
+
+class RayEngine:
+    """A pool of hf-engine Ray actors (see module docstring)."""
+
+    def __init__(
+        self,
+        hf_checkpoint: str,
+        cache_dir: str | None = None,
+        num_replicas: int = 2,
+        address: str | None = None,
+        num_cpus: int | None = None,
+        num_cpus_per_replica: float = 1.0,
+        threads_per_replica: int = 1,
+        resources_per_replica: dict[str, float] | None = None,
+        max_batch_size: int = 32,
+        max_restarts: int = 3,
+        max_attempts: int = 4,
+        seed: int = 0,
+        temp_dir: str | None = None,
+    ) -> None:
+        if num_replicas < 1:
+            raise ValueError(f"engine.num_replicas must be >= 1, got {num_replicas}")
+        self.hf_checkpoint = hf_checkpoint
+        self.cache_dir = cache_dir
+        self.num_replicas = num_replicas
+        self.address = address
+        self.num_cpus = num_cpus
+        self.num_cpus_per_replica = num_cpus_per_replica
+        self.threads_per_replica = threads_per_replica
+        self.resources_per_replica = dict(resources_per_replica or {})
+        self.max_batch_size = max_batch_size
+        self.max_restarts = max_restarts
+        self.max_attempts = max_attempts
+        self.seed = seed
+        self.temp_dir = temp_dir
+        self._slots: list[_Slot] = []
+        self._actor_cls: Any = None
+        self._owns_ray = False
+        self._abort_epoch = 0
+        self._started = False
+        self._start_lock: tuple[Any, asyncio.Lock] | None = None
+        self._closed = False
+        self._tokenizer: Any = None
+
+    @property
+    def tokenizer(self) -> Any:
+        """The checkpoint's tokenizer in the driver (loaded on first use)."""
+        if self._tokenizer is None:
+            from pipeline.engines.assets import load_tokenizer
+
+            self._tokenizer = load_tokenizer(resolve_checkpoint(self.hf_checkpoint, self.cache_dir))
+        return self._tokenizer
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start Ray (or connect to `address`) and the replicas; waits until all are ready."""
+        loop = asyncio.get_running_loop()
+        if self._start_lock is None or self._start_lock[0] is not loop:
+            self._start_lock = (loop, asyncio.Lock())
+        async with self._start_lock[1]:
+            if self._started:
+                return
+            if self._closed:
+                raise RuntimeError("RayEngine is closed")
+            import ray
+
+            path = await asyncio.to_thread(resolve_checkpoint, self.hf_checkpoint, self.cache_dir)
+            self._engine_kwargs = {"hf_checkpoint": path, "num_threads": self.threads_per_replica,
+                                   "max_batch_size": self.max_batch_size}
+            if not ray.is_initialized():
+                self._init_ray(ray)
+            self._actor_cls = ray.remote(_Replica)
+            self._slots = [_Slot() for _ in range(self.num_replicas)]
+            for i in range(self.num_replicas):
+                self._spawn(i)
+            await asyncio.gather(*(self._await_ready(i) for i in range(self.num_replicas)))
+            self._started = True
+
+    def _init_ray(self, ray: Any) -> None:
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        if self.address:
+            ray.init(address=self.address, logging_level=logging.WARNING)
+            return
+        temp = self.temp_dir or tempfile.mkdtemp(prefix="ray_")
+        ray.init(num_cpus=self.num_cpus, include_dashboard=False, _temp_dir=temp,
+                 logging_level=logging.WARNING, log_to_driver=False)
+        self._owns_ray = True
+
+    def _spawn(self, i: int) -> None:
+        slot = self._slots[i]
+        replica_seed = self.seed * 1000 + i + 100 * slot.restarts
+        options: dict[str, Any] = {"num_cpus": self.num_cpus_per_replica, "max_restarts": 0,
+                                   "max_concurrency": 1000}
+        if self.resources_per_replica:
+            options["resources"] = self.resources_per_replica
+        slot.actor = self._actor_cls.options(**options).remote(
+            {**self._engine_kwargs, "seed": replica_seed})
+        slot.ready = False
+        slot.inflight = 0
+
+    async def _await_ready(self, i: int) -> None:
+        slot = self._slots[i]
+        actor = slot.actor
+        await actor.health.remote()
+        if slot.actor is actor:
+            slot.ready = True
+
+    def close(self) -> None:
+        """Kill the replicas (and stop Ray if this engine started it). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            import ray
+        except ImportError:  # pragma: no cover
+            return
+        for slot in self._slots:
+            if slot.actor is not None:
+                try:
+                    ray.kill(slot.actor)
+                except Exception:  # noqa: BLE001 - already dead
+                    pass
+        self._slots = []
+        if self._owns_ray and ray.is_initialized():
+            ray.shutdown()
+
+    def replicas(self) -> list[Any]:
+        """The current actor handles (tests kill them to exercise failover)."""
+        return [slot.actor for slot in self._slots]
+
+    # -- Engine API ---------------------------------------------------------------------------
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        """Dispatch to the least-loaded ready replica; resubmit when a replica dies."""
+        import ray
+
+        if not self._started:
+            await self.start()
+        epoch = self._abort_epoch
+        payload = request_to_dict(request)
+        last_error: BaseException | None = None
+        for _attempt in range(self.max_attempts):
+            if self._abort_epoch != epoch:
+                return GenerationResult(request.request_id, [], "", "abort", [])
+            i = await self._pick()
+            slot = self._slots[i]
+            actor = slot.actor
+            slot.inflight += 1
+            try:
+                out = await actor.generate.remote(payload)
+            except ray.exceptions.RayActorError as exc:
+                last_error = exc
+                logger.warning("ray replica %d died (%s); resubmitting %s", i,
+                               type(exc).__name__, request.request_id)
+                self._replace(i, actor)
+                continue
+            finally:
+                if slot.actor is actor:
+                    slot.inflight -= 1
+            return GenerationResult(**out)
+        raise RuntimeError(f"request {request.request_id}: every attempt failed") from last_error
+
+    async def _pick(self) -> int:
+        while True:
+            ready = [i for i, s in enumerate(self._slots) if s.ready]
+            if ready:
+                return min(ready, key=lambda i: self._slots[i].inflight)
+            if not any(s.actor is not None for s in self._slots):
+                raise RuntimeError("ray engine has no replicas left (restart budget exhausted)")
+            await asyncio.sleep(0.05)  # every replica is (re)starting
+
+    def _replace(self, i: int, dead: Any) -> None:
+        """Start a replacement in slot i unless someone already did (or the budget is spent)."""
+        slot = self._slots[i] if i < len(self._slots) else None
+        if slot is None or slot.actor is not dead or self._closed:
+            return
+        if slot.restarts >= self.max_restarts:
+            logger.error("ray replica %d exceeded %d restarts; leaving it down", i, self.max_restarts)
+            slot.actor, slot.ready = None, False
+            return
+        slot.restarts += 1
+        self._spawn(i)
+        asyncio.get_running_loop().create_task(self._await_ready_logged(i))
+
+    async def _await_ready_logged(self, i: int) -> None:
+        try:
+            await self._await_ready(i)
+            logger.info("ray replica %d restarted", i)
+        except Exception as exc:  # noqa: BLE001 - a failed restart is retried by the next failure
+            logger.error("ray replica %d failed to restart: %r", i, exc)
+            self._replace(i, self._slots[i].actor)
+
+    async def abort_all(self) -> None:
+        """Abort in-flight requests on every replica."""
+        self._abort_epoch += 1
+        calls = [s.actor.abort_all.remote() for s in self._slots if s.actor is not None and s.ready]
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        for r in results:
+            if isinstance(r, BaseException):
+                logger.warning("abort on a replica failed: %r", r)
+
+    async def health(self) -> bool:
+        """True when at least one replica is ready."""
+        return not self._closed and any(s.ready for s in self._slots)
+
+    async def stats(self) -> list[dict[str, float]]:
+        """Per-replica counters (tokens generated, busy seconds)."""
+        return list(await asyncio.gather(*(s.actor.stats.remote() for s in self._slots
+                                            if s.actor is not None)))

@@ -1,0 +1,190 @@
+"""RewardDispatcher: one reward per sample, resolved per sample (SPEC §6 "Rewards").
+
+Resolution order: `sample.custom_rm_path`, `args.custom_rm_path` (= `reward.custom_rm_path`),
+`sample.metadata["rm_type"]`, `args.rm_type` (= `reward.rm_type`). Custom functions are
+`async fn(args, sample)`, or `async fn(args, samples)` in group mode (`group_rm`, slime's name):
+then each function gets the list of the samples that resolved to it, in order. Sync functions
+work too. Built-in rm types: `math` (math-verify on the last boxed answer or last number),
+`remote` / `remote_rm` (HTTP). A `boxed_` prefix grades only the content of the last
+`\\boxed{...}` (math: no box scores 0; other types receive the boxed content as the response).
+Grading runs in a thread pool with a timeout so the event loop never blocks on sympy.
+The dispatcher sets nothing: the caller assigns `sample.reward`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from typing import Any
+
+from pipeline.rewards.math import grade, last_boxed
+from pipeline.rewards.remote import RemoteReward
+
+__all__ = ["RewardDispatcher", "BUILTIN_RM_TYPES"]
+
+logger = logging.getLogger(__name__)
+
+BUILTIN_RM_TYPES = ("math", "remote", "remote_rm")
+
+
+class RewardDispatcher:
+    """Scores samples (see module docstring)."""
+
+    def __init__(
+        self,
+        rm_type: str | None = "math",
+        custom_rm_path: str | None = None,
+        group_rm: bool = False,
+        remote_url: str | None = None,
+        remote_timeout_s: float = 30.0,
+        remote_max_retries: int = 3,
+        remote_backoff_s: float = 0.5,
+        remote_max_concurrency: int = 16,
+        grade_timeout_s: float = 10.0,
+        grade_workers: int = 2,
+        timeout_reward: float = 0.0,
+    ) -> None:
+        self.rm_type = rm_type
+        self.custom_rm_path = custom_rm_path
+        self.group_rm = group_rm
+        self.remote_url = remote_url
+        self._remote_kwargs = dict(timeout_s=remote_timeout_s, max_retries=remote_max_retries,
+                                   backoff_s=remote_backoff_s, max_concurrency=remote_max_concurrency)
+        self.grade_timeout_s = grade_timeout_s
+        self.grade_workers = grade_workers
+        self.timeout_reward = timeout_reward
+        self._pool: ThreadPoolExecutor | None = None
+        self._remote: RemoteReward | None = None
+        self._fns: dict[str, Any] = {}
+        self.timeouts = 0
+
+    # -- public API ---------------------------------------------------------------------------
+
+    async def score(self, args: Any, samples: list[Any]) -> list[Any]:
+        """Rewards for `samples`, in order."""
+        results: list[Any] = [None] * len(samples)
+        group_rm = bool(_arg(args, "group_rm", self.group_rm))
+        by_path: dict[str, list[int]] = {}
+        tasks: list[Any] = []
+        for i, sample in enumerate(samples):
+            path = (getattr(sample, "custom_rm_path", None) or _arg(args, "custom_rm_path", None)
+                    or self.custom_rm_path)
+            if path:
+                if group_rm:
+                    by_path.setdefault(path, []).append(i)
+                else:
+                    tasks.append(self._one_custom(args, path, sample, results, i))
+                continue
+            tasks.append(self._one_builtin(args, sample, results, i))
+        for path, idx in by_path.items():
+            tasks.append(self._group_custom(args, path, [samples[i] for i in idx], results, idx))
+        await asyncio.gather(*tasks)
+        return results
+
+    def close(self) -> None:
+        """Shut the grading pool and the remote client down."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+        if self._remote is not None:
+            self._remote.close()
+
+    # -- custom functions ---------------------------------------------------------------------
+
+    def _load(self, args: Any, path: str) -> Any:
+        if path not in self._fns:
+            from pipeline.config import load_object
+
+            allowed = _arg(args, "allowed_targets", None)
+            if allowed is not None:
+                allowed = tuple(allowed) + tuple(_arg(args, "allowed_targets_extra", None) or ())
+            self._fns[path] = load_object(path, allowed, "reward function (custom_rm_path)")
+        return self._fns[path]
+
+    async def _one_custom(self, args: Any, path: str, sample: Any, out: list[Any], i: int) -> None:
+        out[i] = await _maybe_await(self._load(args, path)(args, sample))
+
+    async def _group_custom(self, args: Any, path: str, group: list[Any], out: list[Any],
+                            idx: list[int]) -> None:
+        rewards = await _maybe_await(self._load(args, path)(args, group))
+        if not isinstance(rewards, (list, tuple)) or len(rewards) != len(group):
+            raise ValueError(f"group reward function {path} returned {rewards!r:.200}; expected a "
+                             f"list of {len(group)} rewards (one per sample)")
+        for i, r in zip(idx, rewards):
+            out[i] = r
+
+    # -- built-in types -----------------------------------------------------------------------
+
+    async def _one_builtin(self, args: Any, sample: Any, out: list[Any], i: int) -> None:
+        metadata = getattr(sample, "metadata", None) or {}
+        rm_type, source = metadata.get("rm_type"), 'sample.metadata["rm_type"]'
+        if not rm_type:
+            rm_type, source = _arg(args, "rm_type", None) or self.rm_type, "rm_type"
+        if not rm_type:
+            raise ValueError(f"sample {sample.index}: no reward configured (set reward.rm_type, "
+                             f"reward.custom_rm_path or the sample's metadata rm_type)")
+        boxed = rm_type.startswith("boxed_")
+        base = rm_type[len("boxed_"):] if boxed else rm_type
+        if base == "math":
+            out[i] = await self._grade(sample, boxed)
+        elif base in ("remote", "remote_rm"):
+            if boxed:
+                sample = _with_response(sample, last_boxed(sample.response or "") or "")
+            out[i] = await self._remote_client(args)(sample)
+        else:
+            raise ValueError(
+                f"sample {sample.index}: unknown rm_type {rm_type!r} (from {source}); known: "
+                f"{', '.join(BUILTIN_RM_TYPES)}, each optionally prefixed with 'boxed_', or set "
+                f"custom_rm_path to a reward function 'pkg.mod.fn'")
+
+    async def _grade(self, sample: Any, boxed: bool) -> float:
+        if sample.label is None:
+            raise ValueError(f"sample {sample.index}: the math reward needs a label (set "
+                             f"data_source.label_key)")
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.grade_workers, thread_name_prefix="math-grade")
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(self._pool, grade, sample.response or "", sample.label, boxed)
+        try:
+            return await asyncio.wait_for(future, self.grade_timeout_s)
+        except asyncio.TimeoutError:
+            self.timeouts += 1
+            logger.warning("math grading of sample %s took over %.1fs; reward %s", sample.index,
+                           self.grade_timeout_s, self.timeout_reward)
+            return self.timeout_reward
+
+    def _remote_client(self, args: Any) -> RemoteReward:
+        if self._remote is None:
+            url = self.remote_url or _arg(args, "rm_url", None)
+            self._remote = RemoteReward(url, **self._remote_kwargs)
+        return self._remote
+
+
+def _arg(args: Any, name: str, default: Any) -> Any:
+    """`args.name` when the namespace has it (SlimeArgs raises on unknown names)."""
+    if args is None:
+        return default
+    try:
+        value = getattr(args, name)
+    except AttributeError:
+        return default
+    return default if value is None else value
+
+
+async def _maybe_await(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
+
+
+def _with_response(sample: Any, response: str) -> Any:
+    """A shallow view of `sample` with another response (the sample itself is not changed)."""
+    try:
+        return replace(sample, response=response)
+    except TypeError:  # not a dataclass (e.g. a duck-typed sample)
+        import copy
+
+        clone = copy.copy(sample)
+        clone.response = response
+        return clone

@@ -1,0 +1,55 @@
+"""One background asyncio loop shared by the rollout, eval and the engines they drive.
+
+Rollout functions are synchronous (`fn(args, rollout_id, data_source, evaluation=False)`), but
+engines are async and some keep loop-bound state (HTTP clients, queues, futures). Running every
+coroutine on one long-lived loop in a daemon thread keeps that state valid across rollouts and
+works whether or not the caller is itself inside a running loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+__all__ = ["run_sync", "get_loop"]
+
+T = TypeVar("T")
+
+_lock = threading.Lock()
+_loop: asyncio.AbstractEventLoop | None = None
+
+
+def get_loop() -> asyncio.AbstractEventLoop:
+    """The shared loop, started on first use in a daemon thread."""
+    global _loop
+    with _lock:
+        if _loop is None or _loop.is_closed():
+            loop = asyncio.new_event_loop()
+            thread = threading.Thread(target=loop.run_forever, name="rollout-loop", daemon=True)
+            thread.start()
+            _loop = loop
+        return _loop
+
+
+def run_sync(coro: Coroutine[Any, Any, T]) -> T:
+    """Run `coro` on the shared loop and block until it finishes; exceptions propagate.
+
+    When called from the loop's own thread (a coroutine calling a sync rollout function) this
+    would deadlock, so it raises instead.
+    """
+    loop = get_loop()
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:
+        coro.close()
+        raise RuntimeError("run_sync called from the rollout loop itself; await the coroutine instead")
+    future = asyncio.run_coroutine_threadsafe(coro, loop)
+    try:
+        return future.result()
+    except KeyboardInterrupt:
+        future.cancel()
+        raise

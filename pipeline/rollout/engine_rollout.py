@@ -1,0 +1,112 @@
+"""The default rollout: asynchronous over-sampling against an `Engine` (SPEC §6).
+
+`EngineRollout` is built from `conf/rollout/engine.yaml` by `pipeline.config.build(cfg.rollout,
+engine=..., reward=..., dynamic_filter=..., tokenizer=...)` and called like any slime rollout
+function: `rollout(args, rollout_id, data_source, evaluation=False)`. The call is synchronous;
+the work runs on the shared rollout loop (`pipeline.rollout.async_loop`). The over-sampling loop
+itself lives in `pipeline.rollout.train_run`; an eval call delegates to `pipeline.rollout.eval`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from pipeline.rollout.async_loop import run_sync
+from pipeline.rollout.contracts import RolloutFnEvalOutput, RolloutFnTrainOutput
+from pipeline.rollout.over_sampling import OverSampler
+
+__all__ = ["EngineRollout"]
+
+logger = logging.getLogger(__name__)
+
+
+class EngineRollout:
+    """Over-sampling rollout with dynamic filter, abort, partial rollout and surplus carry-over.
+
+    Runtime parts (injected by `build`): `engine` (an `Engine`), `reward` (an object with
+    `async score(args, samples) -> list`, or None to leave rewards unset), `dynamic_filter`
+    (`fn(args, samples, **kw) -> DynamicFilterOutput | bool`, or None), `tokenizer` (falls back
+    to `engine.tokenizer`), `evaluator` (an eval function; built from `args` when None).
+    The remaining keyword arguments mirror `conf/rollout/engine.yaml`, which documents them.
+    """
+
+    def __init__(
+        self,
+        *,
+        engine: Any,
+        reward: Any = None,
+        dynamic_filter: Any = None,
+        tokenizer: Any = None,
+        evaluator: Any = None,
+        over_sampling: str = "fixed",
+        adaptive: dict[str, Any] | None = None,
+        carry_surplus: bool = True,
+        surplus_max_staleness: int = 1,
+        custom_generate_path: str | None = None,
+        deterministic: bool = False,
+        seed: int = 0,
+        max_concurrency: int | None = None,
+        progress: bool = True,
+        summary: bool = True,
+    ) -> None:
+        if engine is None:
+            raise ValueError("rollout=engine needs an engine (config group engine/)")
+        if surplus_max_staleness < 0:
+            raise ValueError(f"rollout.surplus_max_staleness: expected >= 0, got {surplus_max_staleness}")
+        if max_concurrency is not None and max_concurrency < 1:
+            raise ValueError(f"rollout.max_concurrency: expected a positive integer or null, got {max_concurrency}")
+        self.engine = engine
+        self.reward = reward
+        self.dynamic_filter = dynamic_filter
+        # None: the engine's tokenizer, looked up (and the engine started) at the first call
+        self.tokenizer = tokenizer
+        self.evaluator = evaluator
+        unknown = sorted(set(adaptive or {}) - set(OverSampler.ADAPTIVE_KEYS))
+        if unknown:
+            raise ValueError(f"rollout.adaptive: unknown keys {unknown}; expected {list(OverSampler.ADAPTIVE_KEYS)}")
+        self.over_sampler = OverSampler(mode=over_sampling, **dict(adaptive or {}))
+        self.carry_surplus = bool(carry_surplus)
+        self.surplus_max_staleness = int(surplus_max_staleness)
+        self.custom_generate_path = custom_generate_path
+        self.deterministic = bool(deterministic)
+        self.seed = int(seed)
+        self.max_concurrency = max_concurrency
+        self.progress = bool(progress)
+        self.summary = bool(summary)
+        self.last_metrics: dict[str, Any] = {}
+
+    def __call__(
+        self, args: Any, rollout_id: int, data_source: Any, evaluation: bool = False
+    ) -> RolloutFnTrainOutput | RolloutFnEvalOutput:
+        """slime's rollout-function signature; blocks until the batch (or eval) is done."""
+        if evaluation:
+            return self._evaluator(args)(args, rollout_id, data_source, evaluation=True)
+        return run_sync(self.agenerate(args, rollout_id, data_source))
+
+    async def agenerate(self, args: Any, rollout_id: int, data_source: Any) -> RolloutFnTrainOutput:
+        """The train branch as a coroutine (for callers already on the rollout loop)."""
+        from pipeline.rollout.train_run import TrainRun
+
+        run = TrainRun(self, args, rollout_id, data_source)
+        output = await run.execute()
+        self.last_metrics = dict(output.metrics or {})
+        return output
+
+    def _evaluator(self, args: Any) -> Any:
+        if self.evaluator is None:
+            from pipeline.rollout.eval import EngineEval
+
+            self.evaluator = EngineEval.from_args(
+                args, engine=self.engine, reward=self.reward, tokenizer=self.tokenizer,
+                custom_generate_path=self.custom_generate_path, progress=self.progress,
+            )
+        return self.evaluator
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-able state carried across rollouts (the adaptive pass-rate estimate)."""
+        return {"over_sampler": self.over_sampler.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore `state_dict()` output."""
+        self.over_sampler.load_state_dict(state["over_sampler"])

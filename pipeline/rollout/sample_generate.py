@@ -1,0 +1,249 @@
+"""Per-sample generation for the engine rollout and eval: the default generate and plugins.
+
+The default generate turns a Sample into a `GenerationRequest` (prompt ids from the sample or
+from the injected tokenizer), continues ABORTED samples from their partial tokens with
+`max_new_tokens` reduced by what they already have, and grows the response with
+`Sample.append_response_tokens`. A custom generate `async fn(args, sample, sampling_params
+[, evaluation])` (slime's signature, `sampling_params` a dict with sglang's keys) may replace it
+per sample (`sample.generate_function_path`) or per run (config). Plugins that only want to wrap
+the default can call `pipeline.rollout.sample_generate.generate(args, sample, sampling_params)`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import dataclasses
+import hashlib
+import inspect
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.engines.base import GenerationRequest, SamplingParams
+from pipeline.rollout.contracts import PluginOutputError, is_sample_like
+from pipeline.sample import Sample
+
+__all__ = [
+    "GenContext",
+    "generate",
+    "default_generate",
+    "sampling_params_from_args",
+    "to_engine_params",
+    "encode_prompt",
+    "sample_seed",
+    "reset_sample",
+    "is_finished",
+    "call_custom_generate",
+    "load_generate_fn",
+    "resolve_tokenizer",
+]
+
+_CURRENT: contextvars.ContextVar[GenContext] = contextvars.ContextVar("rollout_gen_context")
+_DONE = (Sample.Status.COMPLETED, Sample.Status.TRUNCATED, Sample.Status.FAILED)
+
+
+@dataclass
+class GenContext:
+    """What the default generate needs, shared by every sample of one rollout / eval call."""
+
+    engine: Any
+    tokenizer: Any
+    rollout_id: int
+    # set when the batch is full; samples not yet sent to the engine are left untouched
+    aborted: bool = False
+    tokens_generated: int = 0
+    continued_samples: int = 0
+    requests: int = 0
+    _fn_cache: dict[str, Any] = field(default_factory=dict)
+
+
+async def resolve_tokenizer(tokenizer: Any, engine: Any) -> Any:
+    """The injected tokenizer, else the engine's, else one loaded from `engine.hf_checkpoint`."""
+    if tokenizer is not None:
+        return tokenizer
+    if getattr(engine, "tokenizer", None) is not None:
+        return engine.tokenizer
+    checkpoint = getattr(engine, "hf_checkpoint", None)
+    if checkpoint is None:
+        return None
+    from pipeline.engines.assets import load_tokenizer, resolve_checkpoint
+
+    path = await asyncio.to_thread(resolve_checkpoint, checkpoint, getattr(engine, "cache_dir", None))
+    return await asyncio.to_thread(load_tokenizer, path)
+
+
+def is_finished(sample: Any) -> bool:
+    """True for COMPLETED / TRUNCATED / FAILED samples (nothing left to generate)."""
+    return Sample.Status(sample.status) in _DONE
+
+
+def sampling_params_from_args(args: Any, evaluation: bool = False, overrides: dict | None = None) -> dict:
+    """slime-style sampling-params dict (sglang key names) from the run args."""
+    params = {
+        "temperature": args.rollout_temperature,
+        "top_p": args.rollout_top_p,
+        "top_k": args.rollout_top_k,
+        "max_new_tokens": args.rollout_max_response_len,
+        "stop": list(getattr(args, "rollout_stop", None) or []),
+        "stop_token_ids": list(getattr(args, "rollout_stop_token_ids", None) or []),
+        "skip_special_tokens": True,
+        "no_stop_trim": True,
+        "spaces_between_special_tokens": False,
+    }
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            params[key] = value
+    return params
+
+
+def to_engine_params(params: dict, seed: int | None = None) -> SamplingParams:
+    """The engine's `SamplingParams` from a slime-style dict (unknown keys are ignored)."""
+    top_k = params.get("top_k")
+    return SamplingParams(
+        temperature=float(params["temperature"]),
+        top_p=float(params["top_p"]),
+        top_k=-1 if top_k is None else int(top_k),
+        max_new_tokens=int(params["max_new_tokens"]),
+        stop=tuple(params.get("stop") or ()),
+        stop_token_ids=tuple(params.get("stop_token_ids") or ()),
+        seed=params["seed"] if params.get("seed") is not None else seed,
+    )
+
+
+def encode_prompt(tokenizer: Any, prompt: str | list[dict[str, Any]], tools: Any = None) -> list[int]:
+    """Prompt token ids: a message list is rendered with the chat template first."""
+    if tokenizer is None:
+        raise ValueError("the rollout needs a tokenizer to encode prompts (none was injected and "
+                         "the engine exposes no .tokenizer)")
+    if isinstance(prompt, list):
+        prompt = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True, tools=tools)
+    return list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+
+
+def sample_seed(seed: int, group_index: int | None, position: int) -> int:
+    """Stable 31-bit seed from (run seed, group index, position in the group)."""
+    digest = hashlib.sha256(f"{seed}:{group_index}:{position}".encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
+def reset_sample(sample: Sample) -> None:
+    """Back to a fresh prompt: drop the response, reward and partial-rollout bookkeeping."""
+    if sample.response_length:
+        sample.tokens = list(sample.tokens[: len(sample.tokens) - sample.response_length])
+    sample.response = ""
+    sample.response_length = 0
+    sample.loss_mask = None
+    sample.rollout_log_probs = None
+    sample.reward = None
+    sample.weight_versions = []
+    sample.status = Sample.Status.PENDING
+    sample.metadata = {k: v for k, v in sample.metadata.items() if k != "start_rollout_id"}
+
+
+async def default_generate(
+    ctx: GenContext, args: Any, sample: Sample, sampling_params: dict, evaluation: bool = False
+) -> Sample:
+    """Generate (or continue) one sample in place with the context's engine."""
+    if ctx.aborted or is_finished(sample):
+        return sample
+    if not sample.tokens:
+        sample.tokens = encode_prompt(ctx.tokenizer, sample.prompt, sample.metadata.get("tools"))
+    budget = int(sampling_params["max_new_tokens"]) - sample.response_length
+    if budget <= 0:
+        sample.status = Sample.Status.TRUNCATED
+        return sample
+    continued = sample.response_length > 0
+    if continued:
+        ctx.continued_samples += 1
+        if getattr(args, "mask_offpolicy_in_partial_rollout", False):
+            sample.loss_mask = [0] * sample.response_length
+    params = to_engine_params({**sampling_params, "max_new_tokens": budget})
+    ctx.requests += 1
+    request = GenerationRequest(
+        request_id=f"r{ctx.rollout_id}-s{sample.index}-{ctx.requests}",
+        input_ids=list(sample.tokens),
+        sampling=params,
+        session_id=sample.session_id,
+    )
+    result = await ctx.engine.generate(request)
+    ctx.tokens_generated += len(result.output_ids)
+    log_probs = result.log_probs
+    if log_probs is not None and sample.rollout_log_probs is None and sample.response_length:
+        log_probs = None  # earlier tokens have none; keep the sample consistent
+    sample.append_response_tokens(
+        args,
+        tokens=result.output_ids,
+        log_probs=log_probs,
+        meta_info={"finish_reason": {"type": result.finish_reason}},
+        text=result.text,
+    )
+    if continued and ctx.tokenizer is not None:
+        response_ids = sample.tokens[len(sample.tokens) - sample.response_length:]
+        sample.response = ctx.tokenizer.decode(response_ids, skip_special_tokens=True)
+    version = getattr(ctx.engine, "weight_version", None)
+    sample.weight_versions = list(sample.weight_versions) + [str(version if version is not None else ctx.rollout_id)]
+    return sample
+
+
+async def generate(args: Any, sample: Sample, sampling_params: dict, evaluation: bool = False) -> Sample:
+    """The default generate, for custom generate plugins that wrap it (uses the current rollout)."""
+    try:
+        ctx = _CURRENT.get()
+    except LookupError:
+        raise RuntimeError("pipeline.rollout.sample_generate.generate called outside a rollout") from None
+    return await default_generate(ctx, args, sample, sampling_params, evaluation)
+
+
+def bind(ctx: GenContext) -> contextvars.Token:
+    """Make `ctx` the current context for `generate` (tasks created afterwards inherit it)."""
+    return _CURRENT.set(ctx)
+
+
+def _accepts_evaluation(fn: Any) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return "evaluation" in params or len(params) >= 4 or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def load_generate_fn(ctx: GenContext, args: Any, path: str) -> Any:
+    """Import a custom generate once per context; the run's `_target_` allowlist applies."""
+    from pipeline.config import load_object
+
+    if path not in ctx._fn_cache:
+        allowed = getattr(args, "allowed_targets", None)
+        if allowed is not None:
+            allowed = tuple(allowed) + tuple(getattr(args, "allowed_targets_extra", None) or ())
+        ctx._fn_cache[path] = load_object(path, allowed, "custom generate (generate_function_path)")
+    return ctx._fn_cache[path]
+
+
+async def call_custom_generate(
+    fn: Any, path: str, args: Any, sample: Sample, sampling_params: dict, evaluation: bool
+) -> Sample | list[Sample]:
+    """Call a custom generate and check its output's shape (a Sample or a list of Samples)."""
+    params = dict(sampling_params)
+    if _accepts_evaluation(fn):
+        out = await fn(args, sample, params, evaluation=evaluation)
+    else:
+        out = await fn(args, sample, params)
+    if is_sample_like(out):
+        return out
+    if isinstance(out, list) and out and all(is_sample_like(s) for s in out):
+        return out
+    raise PluginOutputError(
+        f"custom generate {path!r} returned {type(out).__name__}; expected a Sample or a "
+        f"non-empty list of Samples (fan-out)"
+    )
+
+
+def snapshot(sample: Sample) -> Sample:
+    """A shallow-safe copy of a sample (lists and metadata copied), for resets after fan-out."""
+    return dataclasses.replace(
+        sample, tokens=list(sample.tokens), metadata=dict(sample.metadata),
+        loss_mask=None if sample.loss_mask is None else list(sample.loss_mask),
+        rollout_log_probs=None if sample.rollout_log_probs is None else list(sample.rollout_log_probs),
+        weight_versions=list(sample.weight_versions),
+    )

@@ -1,0 +1,321 @@
+"""One train rollout of `EngineRollout`: the over-sampling loop of SPEC §6.
+
+While (submitted − dropped) < rollout_batch_size, fetch groups and submit each as a task that
+generates its samples concurrently and scores each sample as soon as it finishes. As groups
+finish, the dynamic filter keeps or drops them (drop iff not keep and not (keep_when_insufficient
+and remaining ≤ target)). When the batch is full, in-flight generation is aborted; unfinished
+groups go back to the buffer with partial_rollout, completed surplus groups are carried to the
+next rollout when the source is buffered (a completed group older than `surplus_max_staleness`
+rollouts is regenerated instead of reused). In deterministic mode, per-sample seeds come from
+(seed, group_index, position) and groups are admitted strictly in submission order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.rollout.contracts import RolloutFnTrainOutput, as_filter_output
+from pipeline.rollout.rollout_report import Progress, format_summary
+from pipeline.rollout.sample_generate import (
+    GenContext, bind, call_custom_generate, default_generate, is_finished, load_generate_fn, reset_sample,
+    resolve_tokenizer,
+    sample_seed, sampling_params_from_args, snapshot,
+)
+from pipeline.sample import Sample
+
+__all__ = ["TrainRun", "flatten_group", "first_index"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Flight:
+    """A group in this rollout: submission order, its items, response tokens generated now."""
+
+    order: int
+    group: list[Any]
+    tokens: int = 0
+    originals: dict[int, Sample] = field(default_factory=dict)
+
+
+def flatten_group(group: list[Any]) -> list[Any]:
+    """Samples of a group, fan-out lists expanded."""
+    out: list[Any] = []
+    for item in group:
+        out.extend(item if isinstance(item, list) else [item])
+    return out
+
+
+def first_index(group: list[Any]) -> int:
+    """Index of the group's first sample (the output sort key)."""
+    first = flatten_group(group)[0]
+    return first.index if first.index is not None else -1
+
+
+def buffer_size(data_source: Any) -> int:
+    """Groups in the data source's buffer (0 for a plain source)."""
+    if hasattr(data_source, "get_buffer_length"):
+        return int(data_source.get_buffer_length())
+    return len(getattr(data_source, "buffer", None) or [])
+
+
+class TrainRun:
+    """State of one `EngineRollout` train call (see module docstring)."""
+
+    def __init__(self, owner: Any, args: Any, rollout_id: int, data_source: Any) -> None:
+        self.o = owner
+        self.args = args
+        self.rollout_id = int(rollout_id)
+        self.data_source = data_source
+        self.target = int(args.rollout_batch_size)
+        self.osb = int(getattr(args, "over_sampling_batch_size", None) or self.target)
+        if self.osb < self.target:
+            raise ValueError(f"over_sampling_batch_size ({self.osb}) must be >= rollout_batch_size ({self.target})")
+        self.buffered = hasattr(data_source, "buffer") and hasattr(data_source, "add_samples")
+        if getattr(args, "partial_rollout", False) and not self.buffered:
+            raise ValueError("partial_rollout=true needs a buffered data source (data_source=buffered); "
+                             f"got {type(data_source).__name__}")
+        self.ctx = GenContext(engine=owner.engine, tokenizer=owner.tokenizer, rollout_id=self.rollout_id)
+        self.params = sampling_params_from_args(args)
+        self.sem = asyncio.Semaphore(owner.max_concurrency) if owner.max_concurrency else None
+        self.tasks: dict[asyncio.Task, _Flight] = {}
+        self.finished: dict[int, _Flight] = {}
+        self.kept: list[_Flight] = []
+        self.next_order = self.next_decide = 0
+        self.submitted = self.dropped = self.accepted = self.decided = 0
+        self.count: Counter[str] = Counter()
+        self.progress: Progress | None = None
+        # group-mode rewards (slime's group_rm) score a whole group once all of it is generated
+        self.group_rm = bool(getattr(args, "group_rm", None) or getattr(owner.reward, "group_rm", False))
+        # groups headed back to the buffer, added in one call at the end
+        self._pending_buffer: list[list[Any]] = []
+
+    # ------------------------------------------------------------------ main loop
+    async def execute(self) -> RolloutFnTrainOutput:
+        """Run the rollout; returns exactly rollout_batch_size groups sorted by first index."""
+        start = time.perf_counter()
+        self.o.tokenizer = self.ctx.tokenizer = await resolve_tokenizer(self.o.tokenizer, self.o.engine)
+        bind(self.ctx)
+        if hasattr(self.data_source, "begin_rollout"):
+            self.data_source.begin_rollout(self.rollout_id)
+        self.progress = Progress(self.target * int(self.args.n_samples_per_prompt),
+                                 f"rollout {self.rollout_id}", self.o.progress,
+                                 lambda: buffer_size(self.data_source))
+        try:
+            self._top_up()
+            while len(self.kept) < self.target:
+                done, _ = await asyncio.wait(list(self.tasks), return_when=asyncio.FIRST_COMPLETED)
+                for task in sorted(done, key=lambda t: self.tasks[t].order):
+                    flight = self.tasks.pop(task)
+                    task.result()  # a plugin error surfaces here
+                    self.finished[flight.order] = flight
+                self._decide_ready()
+            await self._finish()
+        except BaseException:
+            await self._cancel_all()
+            raise
+        finally:
+            self.progress.close()
+        elapsed = time.perf_counter() - start
+        self.o.over_sampler.end_rollout(self.accepted, self.decided)
+        groups = [f.group for f in sorted(self.kept, key=lambda f: first_index(f.group))]
+        metrics = self._metrics(elapsed)
+        if self.o.summary:
+            logger.info("%s", format_summary(f"rollout {self.rollout_id} done in {elapsed:.2f}s", metrics))
+        return RolloutFnTrainOutput(samples=groups, metrics=metrics)
+
+    def _full(self) -> bool:
+        return len(self.kept) >= self.target
+
+    def _top_up(self) -> None:
+        while not self._full() and self.submitted - self.dropped < self.target:
+            shortfall = self.target - (self.submitted - self.dropped)
+            k = self.o.over_sampler.fetch_size(self.target, self.osb, shortfall, self.accepted, self.decided)
+            groups = self.data_source.get_samples(k)
+            if not groups:
+                raise RuntimeError(f"rollout {self.rollout_id}: the data source returned no groups "
+                                   f"when asked for {k}")
+            self.count["fetch_rounds"] += 1
+            self.count["groups_fetched"] += len(groups)
+            for group in groups:
+                flight = _Flight(self.next_order, list(group))
+                self.next_order += 1
+                self.tasks[asyncio.create_task(self._run_group(flight))] = flight
+                self.submitted += 1
+
+    def _decide_ready(self) -> None:
+        """Decide finished groups: strictly in submission order when deterministic."""
+        while not self._full():
+            if self.o.deterministic:
+                if self.next_decide not in self.finished:
+                    return
+                order = self.next_decide
+                self.next_decide += 1
+            elif self.finished:
+                order = min(self.finished)
+            else:
+                return
+            self._decide(self.finished.pop(order))
+            self._top_up()
+
+    def _verdict(self, flight: _Flight) -> Any:
+        if self.o.dynamic_filter is None:
+            return None
+        out = self.o.dynamic_filter(self.args, flight.group)
+        return as_filter_output(out, "dynamic_filter")
+
+    def _decide(self, flight: _Flight) -> None:
+        if not all(is_finished(s) for s in flatten_group(flight.group)):
+            # aborted by the engine (or a plugin) before the batch was full: cannot be used now
+            self.dropped += 1
+            self._park_unfinished(flight, self._pending_buffer)
+            return
+        verdict = self._verdict(flight)
+        self.decided += 1
+        remaining = self.submitted - self.dropped
+        if verdict is not None and not verdict.keep and not (
+            verdict.keep_when_insufficient and remaining <= self.target
+        ):
+            self.dropped += 1
+            self.count[f"dynamic_filter/drop_{verdict.reason or 'filtered'}"] += 1
+            self.count["wasted_tokens"] += flight.tokens
+            return
+        self.accepted += 1
+        self.kept.append(flight)
+
+    # ------------------------------------------------------------------ per group / sample
+    async def _run_group(self, flight: _Flight) -> None:
+        items = flight.group
+        if items and not any(isinstance(s, list) for s in items) and all(is_finished(s) for s in items):
+            start = min(s.metadata.get("start_rollout_id", self.rollout_id) for s in items)
+            if self.rollout_id - start > self.o.surplus_max_staleness:
+                for s in items:
+                    reset_sample(s)
+                self.count["stale_groups_regenerated"] += 1
+            else:
+                self.count["surplus_groups_reused"] += 1
+        results = await asyncio.gather(*(self._run_item(flight, i, s) for i, s in enumerate(items)))
+        flight.group = list(results)
+        reward = self.o.reward
+        if reward is not None and self.group_rm:
+            todo = [s for s in flatten_group(flight.group) if is_finished(s) and s.reward is None]
+            if todo:
+                for s, r in zip(todo, await reward.score(self.args, todo)):
+                    s.reward = r
+
+    async def _run_item(self, flight: _Flight, pos: int, sample: Any) -> Any:
+        params = self.params
+        if self.o.deterministic:
+            params = {**params, "seed": sample_seed(self.o.seed, sample.group_index, pos)}
+        out: Any = sample
+        if not is_finished(sample) and not self.ctx.aborted:
+            before = sample.response_length
+            path = sample.generate_function_path or self.o.custom_generate_path
+            async with self.sem or contextlib.nullcontext():
+                if path:
+                    flight.originals[pos] = snapshot(sample)
+                    fn = load_generate_fn(self.ctx, self.args, path)
+                    out = await call_custom_generate(fn, path, self.args, sample, params, False)
+                else:
+                    out = await default_generate(self.ctx, self.args, sample, params)
+            if isinstance(out, list):
+                if all(s.rollout_id is None for s in out):
+                    for s in out:  # fan-out siblings share one trajectory id
+                        s.rollout_id = sample.index
+                flight.tokens += sum(s.response_length for s in out) - before
+            else:
+                flight.tokens += out.response_length - before
+        reward = self.o.reward
+        done = [s for s in (out if isinstance(out, list) else [out]) if is_finished(s)]
+        if reward is not None and not self.group_rm:
+            for s in done:
+                if s.reward is None:
+                    s.reward = (await reward.score(self.args, [s]))[0]
+        if done and self.progress is not None:
+            self.progress.update(len(done), self.ctx.tokens_generated)
+        return out
+
+    # ------------------------------------------------------------------ end of rollout
+    async def _finish(self) -> None:
+        self.ctx.aborted = True
+        if self.tasks:
+            await self.o.engine.abort_all()
+            await asyncio.gather(*self.tasks)
+            for flight in self.tasks.values():
+                self.finished[flight.order] = flight
+            self.tasks.clear()
+        for order in sorted(self.finished):
+            flight = self.finished[order]
+            if all(is_finished(s) for s in flatten_group(flight.group)):
+                self._park_surplus(flight)
+            else:
+                self._park_unfinished(flight, self._pending_buffer)
+        self.finished.clear()
+        if self._pending_buffer:
+            self.data_source.add_samples(self._pending_buffer)
+
+    def _mark_start(self, samples: list[Any]) -> None:
+        for s in samples:
+            if s.response_length and "start_rollout_id" not in s.metadata:
+                s.metadata["start_rollout_id"] = self.rollout_id
+
+    def _park_surplus(self, flight: _Flight) -> None:
+        # not filtered here: the dynamic filter decides when the group is used next rollout
+        if self.buffered and self.o.carry_surplus and not any(isinstance(s, list) for s in flight.group):
+            self._mark_start(flight.group)
+            self._pending_buffer.append(flight.group)
+            self.count["surplus_groups_carried"] += 1
+        else:
+            self.count["surplus_groups_dropped"] += 1
+            self.count["wasted_tokens"] += flight.tokens
+
+    def _park_unfinished(self, flight: _Flight, pending: list[list[Any]]) -> None:
+        if not getattr(self.args, "partial_rollout", False):
+            self.count["aborted_groups_dropped"] += 1
+            self.count["wasted_tokens"] += flight.tokens
+            return
+        group = []
+        for pos, item in enumerate(flight.group):
+            if isinstance(item, list):  # a fan-out cannot be continued: restart its sample
+                item = flight.originals[pos]
+                reset_sample(item)
+            elif self.o.deterministic and not is_finished(item):
+                reset_sample(item)  # seeded regeneration is reproducible, partial tokens are not
+            group.append(item)
+        self._mark_start(group)
+        pending.append(group)
+        self.count["aborted_groups_to_buffer"] += 1
+
+    async def _cancel_all(self) -> None:
+        self.ctx.aborted = True
+        if not self.tasks:
+            return
+        with contextlib.suppress(Exception):
+            await self.o.engine.abort_all()
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        self.tasks.clear()
+
+    def _metrics(self, elapsed: float) -> dict[str, Any]:
+        m: dict[str, Any] = {f"rollout/{k}": 0 for k in (
+            "aborted_groups_to_buffer", "aborted_groups_dropped", "surplus_groups_carried",
+            "surplus_groups_dropped", "surplus_groups_reused", "stale_groups_regenerated", "wasted_tokens")}
+        m.update({f"rollout/{k}": v for k, v in self.count.items()})
+        m["rollout/groups_submitted"] = self.submitted
+        m["rollout/groups_dropped"] = self.dropped
+        m["rollout/continued_samples"] = self.ctx.continued_samples
+        m["rollout/tokens_generated"] = self.ctx.tokens_generated
+        m["rollout/tokens_per_kept_group"] = self.ctx.tokens_generated / max(1, self.target)
+        m["rollout/filter_pass_rate"] = self.accepted / self.decided if self.decided else 1.0
+        m["rollout/adaptive_pass_rate"] = self.o.over_sampler.pass_rate
+        m["rollout/buffer_size"] = buffer_size(self.data_source)
+        m["perf/rollout_generate_time"] = elapsed
+        m["rollout/gen_tokens_per_sec"] = self.ctx.tokens_generated / max(elapsed, 1e-9)
+        return m

@@ -1,0 +1,113 @@
+"""The rollout loop: stages per rollout_id, eval cadence, checkpoint cadence, metric sinks."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from pipeline.rollout.contracts import as_eval_output
+from pipeline.sinks.files import write_samples
+from pipeline.sinks.jsonl import MetricsJsonl
+from pipeline.stages import STAGES, RolloutContext, StageParts
+from pipeline.stages.log import eval_metrics
+from pipeline.stages.persist import samples_path
+
+__all__ = ["Pipeline", "Schedule"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Which rollouts run, and when eval and checkpoints happen."""
+
+    start_rollout_id: int
+    num_rollout: int
+    save_interval: int | None = 1
+    eval_interval: int | None = None
+    eval_before_train: bool = False
+
+    def should_save(self, rollout_id: int) -> bool:
+        """Every save_interval rollouts, and after the last one."""
+        last = rollout_id == self.num_rollout - 1
+        return last or (self.save_interval is not None and (rollout_id + 1) % self.save_interval == 0)
+
+    def should_eval(self, rollout_id: int) -> bool:
+        """After rollout r when (r + 1) % eval_interval == 0."""
+        return self.eval_interval is not None and (rollout_id + 1) % self.eval_interval == 0
+
+
+@dataclass
+class Pipeline:
+    """Runs rollouts `schedule.start_rollout_id .. num_rollout - 1` through `STAGES`."""
+
+    parts: StageParts
+    schedule: Schedule
+    metrics_file: MetricsJsonl
+    eval_fn: Callable[..., Any] | None = None
+    sinks: list[Any] = field(default_factory=list)
+    stages: tuple[tuple[str, Callable[[RolloutContext, StageParts], None]], ...] = STAGES
+
+    def run(self) -> dict[str, Any]:
+        """Run every scheduled rollout; returns the metrics of the last step."""
+        sched = self.schedule
+        last: dict[str, Any] = {}
+        for rollout_id in range(sched.start_rollout_id, sched.num_rollout):
+            metrics: dict[str, Any] = {}
+            if rollout_id == sched.start_rollout_id and sched.eval_before_train and self.eval_fn is not None:
+                metrics.update(self.evaluate(rollout_id))
+            ctx = self.run_rollout(rollout_id)
+            metrics.update(ctx.metrics)
+            if self.eval_fn is not None and sched.should_eval(rollout_id):
+                metrics.update(self.evaluate(rollout_id))
+            if sched.should_save(rollout_id):
+                start = time.perf_counter()
+                self.parts.data_source.save(rollout_id)
+                metrics["perf/stage/checkpoint_time"] = time.perf_counter() - start
+            self.emit(rollout_id, metrics)
+            last = metrics
+        return last
+
+    def run_rollout(self, rollout_id: int) -> RolloutContext:
+        """One rollout step through every stage, each timed as perf/stage/<name>_time."""
+        begin = getattr(self.parts.data_source, "begin_rollout", None)
+        if callable(begin):
+            begin(rollout_id)
+        ctx = RolloutContext(rollout_id=rollout_id)
+        for name, stage in self.stages:
+            start = time.perf_counter()
+            try:
+                stage(ctx, self.parts)
+            except Exception as exc:
+                exc.add_note(f"in stage {name!r} of rollout {rollout_id}")
+                raise
+            ctx.timings[name] = time.perf_counter() - start
+        for name, seconds in ctx.timings.items():
+            ctx.metrics[f"perf/stage/{name}_time"] = seconds
+        return ctx
+
+    def evaluate(self, rollout_id: int) -> dict[str, Any]:
+        """Call the eval function with evaluation=True; eval/<name> metrics; dump eval samples."""
+        start = time.perf_counter()
+        raw = self.eval_fn(self.parts.args, rollout_id, self.parts.data_source, evaluation=True)
+        out = as_eval_output(raw, "eval function")
+        for name, d in out.data.items():
+            lengths = {k: len(d[k]) for k in ("rewards", "truncated", "samples") if k in d}
+            if len(set(lengths.values())) > 1:
+                raise ValueError(f"eval function: dataset {name!r} has unequal lengths {lengths}")
+        metrics = eval_metrics(self.parts.args, out.data)
+        metrics.update({k if "/" in k else f"eval/{k}": v for k, v in (out.metrics or {}).items()})
+        metrics["perf/eval_time"] = time.perf_counter() - start
+        if self.parts.run_dir is not None:
+            for name, d in out.data.items():
+                if d.get("samples"):
+                    write_samples(samples_path(self.parts.run_dir, rollout_id, f"eval_{name}"), d["samples"])
+        return metrics
+
+    def emit(self, step: int, metrics: dict[str, Any]) -> None:
+        """One metrics.jsonl line and one row in every sink for `step`."""
+        self.metrics_file.log(step, metrics)
+        for sink in self.sinks:
+            sink.log(step, metrics)

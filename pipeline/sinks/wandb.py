@@ -1,0 +1,60 @@
+"""The wandb sink: offline unless the user asks for online; resumable; always finished."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+__all__ = ["WandbSink", "RUN_ID_FILE"]
+
+logger = logging.getLogger(__name__)
+
+# file in the run dir holding the wandb run id, so `resume=<run dir>` continues the same run
+RUN_ID_FILE = "wandb_run_id.txt"
+
+
+class WandbSink:
+    """Logs each step's metrics to one wandb run stored under `<run>/wandb/`."""
+
+    def __init__(self, project: str, mode: str = "offline", entity: str | None = None,
+                 tags: list[str] | None = None, notes: str | None = None) -> None:
+        if mode not in ("offline", "online", "disabled"):
+            raise ValueError(f"logger.mode: expected offline, online or disabled, got {mode!r}")
+        self.project, self.mode, self.entity = project, mode, entity
+        self.tags, self.notes = list(tags or []), notes
+        self.run: Any = None
+
+    def start(self, *, run_dir: str, name: str, group: str | None, config: dict[str, Any],
+              resume: bool = False) -> None:
+        """wandb.init into `<run_dir>/wandb`; with `resume` the run id stored in run_dir is reused."""
+        import wandb
+
+        # an explicit WANDB_MODE in the environment wins over the config
+        mode = os.environ.get("WANDB_MODE") or self.mode
+        id_file = Path(run_dir) / RUN_ID_FILE
+        run_id = id_file.read_text().strip() if resume and id_file.exists() else None
+        if resume and run_id is None:
+            logger.warning("resume: %s has no %s; starting a new wandb run", run_dir, RUN_ID_FILE)
+        self.run = wandb.init(
+            project=self.project, entity=self.entity, name=name, group=group, tags=self.tags,
+            notes=self.notes, config=config, dir=run_dir, mode=mode, id=run_id,
+            resume="allow" if run_id else None, reinit="finish_previous",
+        )
+        id_file.write_text(self.run.id)
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        """One wandb history row at `step`."""
+        self.run.log(dict(metrics), step=int(step))
+
+    def finish(self) -> None:
+        """finish() the run, then tear the wandb service down (also after a failure)."""
+        import wandb
+
+        try:
+            if self.run is not None:
+                self.run.finish()
+        finally:
+            self.run = None
+            wandb.teardown()

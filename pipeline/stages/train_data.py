@@ -1,0 +1,117 @@
+"""Stage: convert samples to slime-keyed train data, plus padded tensors for a trainer (SPEC §7).
+
+Keys: tokens, response_lengths, rewards, raw_reward, truncated (1 iff TRUNCATED),
+sample_indices, rollout_ids (None filled by a counter skipping ids in use), loss_masks
+(None -> all ones; remove_sample -> zeros), rollout_mask_sums (per sample: the sum of the
+loss-mask totals of every sample sharing its rollout_id), rollout_log_probs when present,
+train_metadata when any sample carries it. A custom hook `fn(args, samples) -> dict` replaces it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import torch
+
+from pipeline.sample import Sample
+from pipeline.stages.context import RolloutContext, StageParts
+
+__all__ = ["convert_to_train_data", "fill_rollout_ids", "to_tensors", "train_data_stage"]
+
+
+def fill_rollout_ids(ids: list[int | None]) -> list[int]:
+    """Replace None by 0, 1, 2, ... skipping ids already in use."""
+    used = {i for i in ids if i is not None}
+    counter = 0
+    out: list[int] = []
+    for i in ids:
+        if i is None:
+            while counter in used:
+                counter += 1
+            used.add(counter)
+            i = counter
+        out.append(int(i))
+    return out
+
+
+def _loss_mask(s: Any) -> list[int]:
+    mask = [1] * s.response_length if s.loss_mask is None else list(s.loss_mask)
+    if len(mask) != s.response_length:
+        raise ValueError(
+            f"sample {s.index}: loss_mask has {len(mask)} entries but response_length is "
+            f"{s.response_length}; they must be equal"
+        )
+    if s.remove_sample:
+        mask = [0] * s.response_length
+    return mask
+
+
+def convert_to_train_data(args: Any, samples: list[Any], raw_rewards: list[Any], rewards: list[Any]) -> dict[str, Any]:
+    """slime's `_convert_samples_to_train_data` over already post-processed rewards."""
+    truncated = Sample.Status.TRUNCATED.value
+    loss_masks = [_loss_mask(s) for s in samples]
+    rollout_ids = fill_rollout_ids([s.rollout_id for s in samples])
+    totals: dict[int, int] = defaultdict(int)
+    for rid, mask in zip(rollout_ids, loss_masks):
+        totals[rid] += sum(mask)
+    data: dict[str, Any] = {
+        "tokens": [list(s.tokens) for s in samples],
+        "response_lengths": [int(s.response_length) for s in samples],
+        "rewards": list(rewards),
+        "raw_reward": list(raw_rewards),
+        "truncated": [1 if str(getattr(s.status, "value", s.status)) == truncated else 0 for s in samples],
+        "sample_indices": [s.index for s in samples],
+        "rollout_ids": rollout_ids,
+        "loss_masks": loss_masks,
+        "rollout_mask_sums": [totals[rid] for rid in rollout_ids],
+    }
+    with_lp = [s.rollout_log_probs is not None for s in samples]
+    if any(with_lp):
+        if not all(with_lp):
+            missing = [s.index for s, ok in zip(samples, with_lp) if not ok]
+            raise ValueError(f"rollout_log_probs present on some samples but missing on samples {missing}")
+        data["rollout_log_probs"] = [list(map(float, s.rollout_log_probs)) for s in samples]
+    if any(getattr(s, "train_metadata", None) for s in samples):
+        data["train_metadata"] = [getattr(s, "train_metadata", None) for s in samples]
+    return data
+
+
+def _pad(rows: list[list[Any]], value: Any, dtype: torch.dtype) -> torch.Tensor:
+    width = max((len(r) for r in rows), default=0)
+    out = torch.full((len(rows), width), value, dtype=dtype)
+    for i, r in enumerate(rows):
+        if r:
+            out[i, : len(r)] = torch.tensor(r, dtype=dtype)
+    return out
+
+
+def to_tensors(train_data: dict[str, Any], pad_token_id: int = 0) -> dict[str, torch.Tensor]:
+    """Right-padded tensors for a trainer: tokens/attention_mask [B, T], loss_masks and
+    rollout_log_probs [B, R] (response positions), and 1-D per-sample columns."""
+    out: dict[str, torch.Tensor] = {
+        "tokens": _pad(train_data["tokens"], pad_token_id, torch.long),
+        "attention_mask": _pad([[1] * len(t) for t in train_data["tokens"]], 0, torch.long),
+        "loss_masks": _pad(train_data["loss_masks"], 0, torch.long),
+    }
+    for key, dtype in (("response_lengths", torch.long), ("truncated", torch.long),
+                       ("rollout_ids", torch.long), ("rollout_mask_sums", torch.long),
+                       ("rewards", torch.float32), ("raw_reward", torch.float32)):
+        if key in train_data:
+            out[key] = torch.tensor(train_data[key], dtype=dtype)
+    if all(i is not None for i in train_data.get("sample_indices", [])):
+        out["sample_indices"] = torch.tensor(train_data["sample_indices"], dtype=torch.long)
+    if "rollout_log_probs" in train_data:
+        out["rollout_log_probs"] = _pad(train_data["rollout_log_probs"], 0.0, torch.float32)
+    return out
+
+
+def train_data_stage(ctx: RolloutContext, parts: StageParts) -> None:
+    """Run the custom convert hook when configured, else `convert_to_train_data`."""
+    if parts.convert_to_train_data is not None:
+        data = parts.convert_to_train_data(parts.args, ctx.samples)
+        if not isinstance(data, dict):
+            raise TypeError(f"convert hook returned {type(data).__name__}; expected a dict of lists")
+        ctx.train_data = data
+    else:
+        ctx.train_data = convert_to_train_data(parts.args, ctx.samples, ctx.raw_rewards, ctx.rewards)

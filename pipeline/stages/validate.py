@@ -1,0 +1,46 @@
+"""Stage: check rollout_id consistency of fan-out siblings (SPEC §7)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipeline.rollout.contracts import is_sample_like
+from pipeline.stages.context import RolloutContext, StageParts
+
+__all__ = ["RolloutIdError", "check_rollout_ids", "validate_stage"]
+
+
+class RolloutIdError(ValueError):
+    """Fan-out siblings disagree on (or lack) their rollout_id."""
+
+
+def check_rollout_ids(output: list[Any]) -> None:
+    """Walk the nested output; a list of samples at depth >= 2 with more than one element must
+    have every rollout_id set and all equal. Depth-1 groups (output[i]) are free."""
+    problems: list[str] = []
+
+    def walk(node: Any, depth: int, pos: str) -> None:
+        if not isinstance(node, list):
+            return
+        leaves = [(i, x) for i, x in enumerate(node) if is_sample_like(x)]
+        if depth >= 2 and len(node) > 1 and leaves:
+            ids = [x.rollout_id for _, x in leaves]
+            unset = [f"{pos}[{i}]" for i, x in leaves if x.rollout_id is None]
+            if unset:
+                problems.append(f"fan-out at {pos}: rollout_id unset at {', '.join(unset)}")
+            elif len(set(ids)) > 1:
+                detail = ", ".join(f"{pos}[{i}]={x.rollout_id}" for i, x in leaves)
+                problems.append(f"fan-out at {pos}: rollout_ids differ ({detail})")
+        for i, child in enumerate(node):
+            walk(child, depth + 1, f"{pos}[{i}]")
+
+    walk(output, 0, "samples")
+    if problems:
+        raise RolloutIdError(
+            "fan-out siblings must share one Sample.rollout_id:\n  " + "\n  ".join(problems)
+        )
+
+
+def validate_stage(ctx: RolloutContext, parts: StageParts) -> None:
+    """Stage wrapper of `check_rollout_ids`."""
+    check_rollout_ids(ctx.groups)

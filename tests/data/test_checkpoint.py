@@ -1,0 +1,148 @@
+"""SPEC §5: lossless, atomic, checksummed, fingerprinted checkpoints of the data source."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeline import BufferedDataSource, PlainDataSource, Sample
+from pipeline.data import checkpoint as ckpt
+from pipeline.data.buffer_filters import OldestFirst
+from pipeline.data.errors import CheckpointError, DataFingerprintMismatch
+from tests.data.conftest import make_rows, write_jsonl
+
+
+def rich_sample(i: int) -> Sample:
+    s = Sample(group_index=i // 2, index=i, rollout_id=i, prompt=[{"role": "user", "content": f"p{i}"}],
+               tokens=[1, 2, 3, 2**40], response="r", label="L", reward={"acc": 0.5, "fmt": [1, 2]},
+               weight_versions=["v1"], status=Sample.Status.ABORTED, metadata={"start_rollout_id": 3, "x": [1.5]},
+               multimodal_inputs={"image": ["a.png"]}, train_metadata={"t": 1}, session_id="s",
+               custom_rm_path="m.f", generate_function_path="g.h", remove_sample=True)
+    s.append_response_tokens(tokens=[7, 8], log_probs=[-0.1, -1e-300], meta_info={"finish_reason": {"type": "abort"}})
+    s.append_response_tokens(tokens=[9], trainable=False)
+    s.extra_note = {"kept": True}  # unknown attribute, as from_dict keeps them
+    return s
+
+
+def test_encode_groups_is_lossless() -> None:
+    groups = [[rich_sample(0), rich_sample(1)], [Sample(), Sample(tokens=[1], loss_mask=None)],
+              [Sample(tokens=[0.5], rollout_log_probs=[1, 2.0]), Sample(rollout_log_probs=[float("inf")])]]
+    before = [[s.to_dict() for s in g] for g in groups]
+    enc = json.loads(json.dumps(ckpt.encode_groups(groups)))
+    after = ckpt.decode_groups(enc)
+    assert [[s.to_dict() for s in g] for g in after] == before
+    assert [[type(x) for x in s.tokens] for g in after for s in g] == [[type(x) for x in s.tokens] for g in groups for s in g]
+    assert after[0][0].status is Sample.Status.ABORTED and after[0][0].extra_note == {"kept": True}
+    assert after[0][0].loss_mask == [1, 1, 0] and after[0][0].rollout_log_probs == [-0.1, -1e-300, 0.0]
+    assert after[0][0].metadata is not after[0][1].metadata
+
+
+def buffered(path: str, save_dir: Path, **kw: Any) -> BufferedDataSource:
+    return BufferedDataSource(path=path, n_samples_per_prompt=2, seed=5, save_dir=save_dir, **kw)
+
+
+def test_round_trip_restores_everything(tmp_path: Path, data5: str) -> None:
+    f = OldestFirst(max_staleness=2)
+    src = buffered(data5, tmp_path / "ck", buffer_filter=f)
+    groups = src.get_samples(7)
+    for g in groups[:3]:
+        for s in g:
+            s.metadata["start_rollout_id"] = 0
+    src.add_samples([[rich_sample(0), rich_sample(1)]] + groups[:3])
+    src.begin_rollout(5)
+    src.metadata["note"] = [1, 2]
+    src.get_samples(1)  # drops the 3 stale groups, hands out the rich one
+    src.add_samples(groups[3:5])
+    src.save(5)
+    fresh = buffered(data5, tmp_path / "ck", buffer_filter=OldestFirst(max_staleness=2))
+    assert fresh.load() == 5
+    assert fresh.state_dict() == src.state_dict()
+    assert fresh.buffer_filter.dropped == 3 and fresh.metadata == {"note": [1, 2]}
+    assert [[s.to_dict() for s in g] for g in fresh.buffer] == [[s.to_dict() for s in g] for g in src.buffer]
+    assert [[s.index for s in g] for g in fresh.get_samples(4)] == [[s.index for s in g] for g in src.get_samples(4)]
+
+
+def test_keep_last_k_and_newest_valid(tmp_path: Path, data5: str, caplog: pytest.LogCaptureFixture) -> None:
+    src = buffered(data5, tmp_path, keep_checkpoints=2)
+    for rid in range(4):
+        src.get_samples(1)
+        src.save(rid)
+    assert [r for r, _ in ckpt.list_checkpoints(tmp_path)] == [2, 3]
+    newest = tmp_path / "rollout_3.json"
+    newest.write_bytes(newest.read_bytes()[:-10])  # truncated
+    fresh = buffered(data5, tmp_path)
+    with caplog.at_level(logging.WARNING):
+        assert fresh.load() == 2
+    assert "truncated checkpoint" in caplog.text and fresh.sample_group_index == 3
+    with pytest.raises(CheckpointError, match="rollout_3.json: truncated checkpoint"):
+        fresh.load(3)
+
+
+def test_corruption_is_detected(tmp_path: Path, data5: str) -> None:
+    src = buffered(data5, tmp_path)
+    path = src.save(0)
+    raw = bytearray(path.read_bytes())
+    raw[-5] ^= 1
+    path.write_bytes(bytes(raw))
+    with pytest.raises(CheckpointError, match="checksum mismatch"):
+        buffered(data5, tmp_path).load(0)
+    path.write_text("{}")
+    with pytest.raises(CheckpointError, match="bad header"):
+        buffered(data5, tmp_path).load(0)
+    assert buffered(data5, tmp_path).load() is None  # nothing valid left
+    assert buffered(data5, tmp_path).load(41) is None  # absent: start fresh, as slime
+
+
+def test_fingerprint_mismatch_is_refused_unless_allowed(tmp_path: Path) -> None:
+    data = write_jsonl(tmp_path / "d.jsonl", make_rows(6))
+    src = PlainDataSource(path=data, n_samples_per_prompt=2, save_dir=tmp_path / "ck")
+    src.get_samples(3)
+    src.save(1)
+    write_jsonl(tmp_path / "d.jsonl", make_rows(4))
+    other = PlainDataSource(path=data, n_samples_per_prompt=3, save_dir=tmp_path / "ck")
+    with pytest.raises(DataFingerprintMismatch) as err:
+        other.load()
+    msg = str(err.value)
+    assert "rollout_1.json was written for different data" in msg
+    assert "files[0].sha256" in msg and "n_samples_per_prompt: checkpoint has 2, now 3" in msg
+    assert "num_prompts: checkpoint has 6, now 4" in msg and "allow_data_change=true" in msg
+    lenient = PlainDataSource(path=data, n_samples_per_prompt=3, save_dir=tmp_path / "ck", allow_data_change=True)
+    assert lenient.load() == 1 and lenient.sample_group_index == 3 and lenient.sample_offset == 3
+
+
+def test_moving_the_data_file_is_not_a_change(tmp_path: Path) -> None:
+    a = write_jsonl(tmp_path / "a" / "d.jsonl", make_rows(3)) if (tmp_path / "a").mkdir() is None else ""
+    src = PlainDataSource(path=a, n_samples_per_prompt=1, save_dir=tmp_path / "ck")
+    src.get_samples(2)
+    src.save(0)
+    (tmp_path / "b").mkdir()
+    b = write_jsonl(tmp_path / "b" / "d.jsonl", make_rows(3))
+    moved = PlainDataSource(path=b, n_samples_per_prompt=1, save_dir=tmp_path / "ck")
+    assert moved.load() == 0 and moved.sample_offset == 2
+
+
+def test_no_pickle_and_json_only(tmp_path: Path, data5: str) -> None:
+    src = buffered(data5, tmp_path)
+    src.add_samples(src.get_samples(2))
+    path = src.save(3)
+    head, _, payload = path.read_bytes().partition(b"\n")
+    assert json.loads(head)["magic"] == ckpt.MAGIC
+    assert json.loads(payload)["buffer"]["group_sizes"] == [2, 2]
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_reads_a_slime_state_file(tmp_path: Path, data5: str) -> None:
+    import torch
+
+    torch.save({"sample_offset": 3, "epoch_id": 2, "sample_group_index": 13, "sample_index": 26,
+                "metadata": {"k": 1}}, tmp_path / "global_dataset_state_dict_7.pt")
+    src = PlainDataSource(path=data5, n_samples_per_prompt=2, seed=42, load_dir=tmp_path)
+    assert src.load(7) == 7
+    g = src.get_samples(1)[0]
+    assert (g[0].group_index, g[0].index, src.epoch_id, src.metadata) == (13, 26, 2, {"k": 1})
+    from pipeline.data.order import epoch_permutation
+    assert g[0].prompt == f"q{epoch_permutation(42, 2, 5)[3]}"

@@ -1,0 +1,153 @@
+"""SPEC §4: plain and buffered data sources."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from pipeline import BufferedDataSource, PlainDataSource, Sample
+from pipeline.data.errors import DataError
+
+from tests.data.conftest import make_rows, write_jsonl
+
+
+def trace(groups: list[list[Sample]]) -> list[tuple[str, int, list[int]]]:
+    return [(g[0].prompt, g[0].group_index, [s.index for s in g]) for g in groups]
+
+
+def test_spec_trace(data5: str) -> None:
+    src = PlainDataSource(path=data5, n_samples_per_prompt=2, seed=42, shuffle=True)
+    calls = [trace(src.get_samples(2)) for _ in range(4)]
+    assert calls == [
+        [("q3", 0, [0, 1]), ("q1", 1, [2, 3])],
+        [("q2", 2, [4, 5]), ("q4", 3, [6, 7])],
+        [("q0", 4, [8, 9]), ("q1", 5, [10, 11])],
+        [("q4", 6, [12, 13]), ("q3", 7, [14, 15])],
+    ]
+    assert src.epoch_id == 1 and src.sample_offset == 3
+
+
+def test_no_shuffle_is_file_order(data5: str) -> None:
+    src = PlainDataSource(path=data5, n_samples_per_prompt=1, shuffle=False)
+    assert [g[0].prompt for g in src.get_samples(7)] == ["q0", "q1", "q2", "q3", "q4", "q0", "q1"]
+
+
+def test_request_larger_than_several_epochs_returns_full_count(data5: str) -> None:
+    src = PlainDataSource(path=data5, n_samples_per_prompt=3, seed=1)
+    groups = src.get_samples(13)
+    assert len(groups) == 13 and all(len(g) == 3 for g in groups)
+    assert [s.index for g in groups for s in g] == list(range(39))
+    # each full epoch holds every prompt once
+    prompts = [g[0].prompt for g in groups]
+    assert sorted(prompts[:5]) == sorted(prompts[5:10]) == [f"q{i}" for i in range(5)]
+    assert src.epoch_id == 2 and src.sample_offset == 3
+    # same as fetching one at a time
+    one = PlainDataSource(path=data5, n_samples_per_prompt=3, seed=1)
+    assert [g[0].prompt for _ in range(13) for g in one.get_samples(1)] == prompts
+
+
+def test_samples_share_no_mutable_state(tmp_path: Path) -> None:
+    rows = [{"input": [{"role": "user", "content": "hi"}], "label": {"a": [1]},
+             "metadata": {"nested": {"x": [1, 2]}, "flat": 1}, "tools": '[{"name": "calc"}]'}]
+    src = PlainDataSource(path=write_jsonl(tmp_path / "m.jsonl", rows), n_samples_per_prompt=3,
+                          label_key="label")
+    g = src.get_samples(1)[0]
+    g[0].metadata["nested"]["x"].append(3)
+    g[0].metadata["tools"][0]["name"] = "changed"
+    g[0].prompt[0]["content"] = "changed"
+    g[0].label["a"].append(9)
+    g[0].tokens.append(5)
+    g[0].weight_versions.append("v")
+    for s in g[1:]:
+        assert s.metadata == {"nested": {"x": [1, 2]}, "flat": 1, "tools": [{"name": "calc"}]}
+        assert s.prompt == [{"role": "user", "content": "hi"}] and s.label == {"a": [1]}
+        assert s.tokens == [] and s.weight_versions == []
+    again = src.get_samples(1)[0][0]
+    assert again.metadata["nested"]["x"] == [1, 2] and again.prompt[0]["content"] == "hi"
+
+
+def test_flat_metadata_copies_are_independent(data5: str) -> None:
+    g = PlainDataSource(path=data5, n_samples_per_prompt=2).get_samples(1)[0]
+    g[0].metadata["i"] = -1
+    assert g[1].metadata["i"] != -1 and g[0].metadata is not g[1].metadata
+
+
+def test_plain_add_samples_raises(data5: str) -> None:
+    src = PlainDataSource(path=data5, n_samples_per_prompt=2)
+    with pytest.raises(TypeError, match="read-only"):
+        src.add_samples(src.get_samples(1))
+    assert src.get_buffer_length() == 0 and len(src) == 5
+
+
+@pytest.mark.parametrize(
+    ("groups", "match"),
+    [
+        ("not a list", "expects a list of groups"),
+        ([Sample(), Sample()], "item 0 is a Sample, expected a group"),
+        ([[Sample()]], "group 0 has 1 samples, expected n_samples_per_prompt=2"),
+        ([[Sample(), Sample()], [Sample(), Sample(), Sample()]], "group 1 has 3 samples"),
+        ([[Sample(), "x"]], "group 0 item 1 is a str, expected a Sample"),
+    ],
+)
+def test_add_samples_validation(data5: str, groups: Any, match: str) -> None:
+    src = BufferedDataSource(path=data5, n_samples_per_prompt=2)
+    with pytest.raises(DataError, match=match):
+        src.add_samples(groups)
+    assert src.buffer == []
+
+
+def test_buffered_groups_come_first_and_filter_gets_rollout_id(data5: str) -> None:
+    seen: list[Any] = []
+
+    def spy(args: Any, rollout_id: Any, buffer: list, num: int) -> list:
+        seen.append((args.n_samples_per_prompt, rollout_id, len(buffer), num))
+        out = buffer[:1]
+        del buffer[:1]
+        return out
+
+    src = BufferedDataSource(path=data5, n_samples_per_prompt=2, seed=42, buffer_filter=spy)
+    first = src.get_samples(3)
+    src.add_samples(first[1:])
+    src.begin_rollout(7)
+    got = src.get_samples(2)
+    assert seen == [(2, 7, 2, 2)]
+    assert got[0][0] is first[1][0] and trace(got)[1] == ("q4", 3, [6, 7])
+    src.get_samples(2, rollout_id=9)
+    assert seen[-1] == (2, 9, 1, 2) and src.get_buffer_length() == 0
+
+
+def test_buffer_filter_returning_too_much_is_an_error(data5: str) -> None:
+    def greedy(args: Any, rid: Any, buffer: list, num: int) -> list:
+        out = list(buffer)
+        buffer.clear()
+        return out
+
+    src = BufferedDataSource(path=data5, n_samples_per_prompt=1, buffer_filter=greedy)
+    src.add_samples(src.get_samples(3))
+    with pytest.raises(DataError, match="returned 3 groups for a request of 1"):
+        src.get_samples(1)
+
+
+def test_from_args_and_slime_style_constructor(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "d.jsonl", [{"text": f"p{i}", "answer": i} for i in range(6)])
+    args = SimpleNamespace(prompt_data=path, input_key="text", label_key="answer", metadata_key="metadata",
+                           tool_key=None, rollout_shuffle=True, rollout_seed=3, n_samples_per_prompt=2,
+                           rollout_max_prompt_len=None, apply_chat_template=False,
+                           apply_chat_template_kwargs={}, hf_checkpoint=None,
+                           buffer_filter_path="pipeline.data.buffer_filters.reward_topk",
+                           save=str(tmp_path / "ck"), load=None)
+    a = BufferedDataSource.from_args(args)
+    b = BufferedDataSource(args)
+    ref = PlainDataSource(path=path, n_samples_per_prompt=2, seed=3, input_key="text", label_key="answer")
+    assert trace(a.get_samples(4)) == trace(b.get_samples(4)) == trace(ref.get_samples(4))
+    assert a.args is args and a.buffer_filter.__name__ == "reward_topk"
+    assert a.save_dir == str(tmp_path / "ck" / "rollout")
+    assert a.get_samples(1)[0][0].label in {str(i) for i in range(6)}
+
+
+def test_bad_buffer_filter_path(data5: str) -> None:
+    with pytest.raises(DataError, match="cannot import 'nope.missing'"):
+        BufferedDataSource(path=data5, n_samples_per_prompt=1, buffer_filter="nope.missing")

@@ -1,0 +1,107 @@
+"""The ray engine: 2 hf replicas as actors, least-loaded dispatch, failover, abort fan-out."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from pipeline.engines.base import GenerationRequest, SamplingParams
+from pipeline.engines.ray_pool import RayEngine, request_from_dict, request_to_dict
+from tests.engines.conftest import request
+
+ray = pytest.importorskip("ray")
+
+
+def test_requests_cross_as_plain_dicts() -> None:
+    req = GenerationRequest("r", input_ids=[1, 2], sampling=SamplingParams(
+        temperature=0.5, stop=("\n",), stop_token_ids=(7,), seed=3), session_id="s")
+    d = request_to_dict(req)
+    assert d["sampling"]["stop"] == ["\n"] and isinstance(d["sampling"], dict)
+    assert request_from_dict(d) == req
+
+
+def test_bad_replica_count_is_refused() -> None:
+    with pytest.raises(ValueError, match="num_replicas"):
+        RayEngine("smollm2-135m-instruct", num_replicas=0)
+
+
+@pytest.fixture(scope="module")
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+@pytest.fixture(scope="module")
+def pool(model_path: str, loop: asyncio.AbstractEventLoop) -> Iterator[RayEngine]:
+    engine = RayEngine(model_path, num_replicas=2, num_cpus=2, threads_per_replica=1,
+                       max_batch_size=8)
+    loop.run_until_complete(asyncio.wait_for(engine.start(), 120))
+    yield engine
+    engine.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_killed_replica_loses_nothing_and_is_restarted(
+    pool: RayEngine, hf_engine, loop: asyncio.AbstractEventLoop
+) -> None:
+    tok = hf_engine.tokenizer
+    prompt = "Count from one to twenty in words."
+    budget = 24
+    expected = loop.run_until_complete(
+        hf_engine.generate(request(tok, "ref", prompt, temperature=0.0, max_new_tokens=budget)))
+    victim = pool.replicas()[0]
+
+    async def go() -> list:
+        tasks = [asyncio.create_task(pool.generate(
+            request(tok, f"r{i}", prompt, temperature=0.0, max_new_tokens=budget)))
+            for i in range(6)]
+        await asyncio.sleep(1.5)  # both replicas are mid-generation
+        assert pool._slots[0].inflight > 0 and pool._slots[1].inflight > 0
+        ray.kill(victim)
+        return await asyncio.gather(*tasks)
+
+    results = loop.run_until_complete(asyncio.wait_for(go(), 120))
+    assert sorted(r.request_id for r in results) == [f"r{i}" for i in range(6)]
+    for r in results:
+        assert r.finish_reason == expected.finish_reason
+        assert r.output_ids == expected.output_ids
+        assert len(r.log_probs) == len(r.output_ids)
+    # the slot got a fresh actor that becomes ready and serves requests
+    assert pool.replicas()[0] is not victim
+
+    async def wait_ready() -> None:
+        while not pool._slots[0].ready:
+            await asyncio.sleep(0.1)
+
+    loop.run_until_complete(asyncio.wait_for(wait_ready(), 60))
+    assert loop.run_until_complete(pool.health())
+    stats = loop.run_until_complete(pool.stats())
+    assert len(stats) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_abort_fans_out_to_every_replica(pool: RayEngine, hf_engine,
+                                         loop: asyncio.AbstractEventLoop) -> None:
+    tok = hf_engine.tokenizer
+
+    async def go() -> tuple[list, float]:
+        tasks = [asyncio.create_task(pool.generate(
+            request(tok, f"a{i}", "Write a long poem.", temperature=1.0, max_new_tokens=200,
+                    seed=i))) for i in range(4)]
+        await asyncio.sleep(1.5)
+        t0 = time.perf_counter()
+        await pool.abort_all()
+        results = await asyncio.gather(*tasks)
+        return results, time.perf_counter() - t0
+
+    results, took = loop.run_until_complete(asyncio.wait_for(go(), 60))
+    assert took < 3.0
+    assert {r.finish_reason for r in results} == {"abort"}
+    assert all(len(r.output_ids) < 200 and len(r.log_probs) == len(r.output_ids) for r in results)
+    assert {pool_i for pool_i, s in enumerate(pool._slots) if s.inflight == 0} == {0, 1}

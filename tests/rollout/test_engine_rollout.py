@@ -1,0 +1,229 @@
+"""EngineRollout with the scripted engine: over-sampling, filters, abort, partial rollout, surplus."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pipeline.engines.base import GenerationRequest, GenerationResult
+from pipeline.engines.scripted import ScriptedEngine
+from pipeline.rollout.contracts import DynamicFilterOutput, RolloutFnTrainOutput
+from pipeline.sample import Sample
+
+from rollout_helpers import make_args
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class SpyEngine(ScriptedEngine):
+    """Scripted engine that records every request."""
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.requests: list[GenerationRequest] = []
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        self.requests.append(request)
+        return await super().generate(request)
+
+
+def drop_odd(args: Any, samples: list[Sample], **kw: Any) -> DynamicFilterOutput:
+    """Drops groups with an odd group_index (deterministic 50% pass rate)."""
+    keep = samples[0].group_index % 2 == 0
+    return DynamicFilterOutput(keep=keep, reason=None if keep else "odd")
+
+
+def drop_odd_with_fallback(args: Any, samples: list[Sample], **kw: Any) -> DynamicFilterOutput:
+    out = drop_odd(args, samples)
+    out.keep_when_insufficient = True
+    return out
+
+
+def group_indices(out: RolloutFnTrainOutput) -> list[int]:
+    return [g[0].group_index for g in out.samples]
+
+
+def test_basic_batch_is_exact_sorted_and_scored(make_rollout, make_source, tokenizer):
+    args = make_args(rollout_batch_size=4, n_samples_per_prompt=3, over_sampling_batch_size=6)
+    src = make_source(n=3, buffered=False)
+    out = make_rollout()(args, 0, src)
+    assert isinstance(out, RolloutFnTrainOutput)
+    assert len(out.samples) == 4
+    firsts = [g[0].index for g in out.samples]
+    assert firsts == sorted(firsts)
+    rewards = []
+    for group in out.samples:
+        assert len(group) == 3
+        for s in group:
+            assert s.status == Sample.Status.COMPLETED
+            prompt_ids = tokenizer.encode(s.prompt)
+            assert s.tokens[: len(prompt_ids)] == prompt_ids
+            assert len(s.tokens) == len(prompt_ids) + s.response_length
+            assert "\\boxed{" in s.response
+            assert len(s.rollout_log_probs) == s.response_length
+            rewards.append(s.reward)
+    assert set(rewards) <= {0.0, 1.0} and len(set(rewards)) == 2, "scripted rewards should vary"
+    assert out.metrics["rollout/tokens_generated"] > 0
+    assert out.metrics["rollout/surplus_groups_dropped"] + 4 + out.metrics["rollout/aborted_groups_dropped"] == 6
+
+
+def test_over_sampling_counts_and_drop_metric(make_rollout, make_source):
+    # deterministic admission: g0 keep, g1 drop -> fetch 4 more, g2 keep, g3 drop, g4 keep, g5 drop, g6 keep
+    args = make_args(rollout_batch_size=4, n_samples_per_prompt=2)
+    out = make_rollout(dynamic_filter=drop_odd, deterministic=True)(args, 0, make_source(buffered=False))
+    assert group_indices(out) == [0, 2, 4, 6]
+    m = out.metrics
+    assert m["rollout/groups_submitted"] == 8
+    assert m["rollout/fetch_rounds"] == 2
+    assert m["rollout/groups_dropped"] == 3
+    assert m["rollout/dynamic_filter/drop_odd"] == 3
+
+
+def test_keep_when_insufficient(make_rollout, make_source):
+    # 6 submitted: g1 dropped (remaining 5), g3 dropped (4), g5 kept since remaining 4 <= 4
+    args = make_args(rollout_batch_size=4, over_sampling_batch_size=6)
+    out = make_rollout(dynamic_filter=drop_odd_with_fallback, deterministic=True)(args, 0, make_source(buffered=False))
+    assert group_indices(out) == [0, 2, 4, 5]
+    assert out.metrics["rollout/dynamic_filter/drop_odd"] == 2
+    assert out.metrics["rollout/groups_submitted"] == 6
+    # without the fallback the same filter needs another round
+    out2 = make_rollout(dynamic_filter=drop_odd, deterministic=True)(args, 0, make_source(buffered=False))
+    assert group_indices(out2) == [0, 2, 4, 6]
+    assert out2.metrics["rollout/groups_submitted"] == 12
+
+
+def test_bare_bool_filter_is_accepted(make_rollout, make_source):
+    args = make_args(rollout_batch_size=2)
+    filt = lambda args, samples: samples[0].group_index != 0  # noqa: E731
+    out = make_rollout(dynamic_filter=filt, deterministic=True)(args, 0, make_source(buffered=False))
+    assert group_indices(out) == [1, 2]
+    assert out.metrics["rollout/dynamic_filter/drop_filtered"] == 1
+
+
+def test_abort_partial_rollout_to_buffer_and_continuation(make_rollout, make_source, tokenizer):
+    engine = SpyEngine(token_delay=0.002, max_filler=12)
+    args = make_args(rollout_batch_size=1, n_samples_per_prompt=1, over_sampling_batch_size=6,
+                     partial_rollout=True, mask_offpolicy_in_partial_rollout=True)
+    src = make_source(n=1)
+    rollout = make_rollout(engine)
+    out0 = rollout(args, 0, src)
+    m0 = out0.metrics
+    assert len(out0.samples) == 1
+    assert m0["rollout/aborted_groups_to_buffer"] >= 1
+    assert m0["rollout/aborted_groups_to_buffer"] + m0["rollout/surplus_groups_carried"] == 5
+    assert len(src.buffer) == 5
+    partial = [g[0] for g in src.buffer if g[0].status == Sample.Status.ABORTED]
+    assert partial and all(s.response_length > 0 for s in partial), "aborted samples keep partial tokens"
+    assert all(s.metadata["start_rollout_id"] == 0 for s in partial)
+    assert all(s.reward is None for s in partial)
+    before = {s.index: (list(s.tokens), s.response_length, s.response) for s in partial}
+
+    engine.requests.clear()
+    args1 = make_args(rollout_batch_size=5, n_samples_per_prompt=1, partial_rollout=True,
+                      mask_offpolicy_in_partial_rollout=True)
+    out1 = rollout(args1, 1, src)
+    m1 = out1.metrics
+    assert m1["rollout/continued_samples"] == len(partial)
+    by_index = {g[0].index: g[0] for g in out1.samples}
+    assert set(before) <= set(by_index), "buffered groups come first"
+    for idx, (tokens, rlen, text) in before.items():
+        s = by_index[idx]
+        assert s.tokens[: len(tokens)] == tokens, "continued, not restarted"
+        assert s.response.startswith(text)
+        assert s.response_length > rlen
+        assert s.loss_mask[:rlen] == [0] * rlen and set(s.loss_mask[rlen:]) == {1}
+        assert s.status in (Sample.Status.COMPLETED, Sample.Status.TRUNCATED)
+        assert s.metadata["start_rollout_id"] == 0 and s.reward is not None
+        req = next(r for r in engine.requests if r.input_ids == tokens)
+        assert req.sampling.max_new_tokens == args1.rollout_max_response_len - rlen
+        # the scripted engine continues its seeded script coherently
+        assert s.response.count("\\boxed{") == 1 or s.status == Sample.Status.TRUNCATED
+
+
+def test_surplus_is_carried_reused_and_stale_regenerated(make_rollout, make_source):
+    engine = SpyEngine()
+    args = make_args(rollout_batch_size=2, n_samples_per_prompt=2, over_sampling_batch_size=8)
+    src = make_source(n=2)
+    rollout = make_rollout(engine, surplus_max_staleness=1)
+    out0 = rollout(args, 0, src)
+    m0 = out0.metrics
+    carried = m0["rollout/surplus_groups_carried"]
+    assert carried >= 1 and m0["rollout/aborted_groups_dropped"] + carried == 6
+    assert m0["rollout/buffer_size"] == carried == len(src.buffer)
+    for g in src.buffer:
+        assert all(s.status == Sample.Status.COMPLETED and s.reward is not None for s in g)
+        assert all(s.metadata["start_rollout_id"] == 0 for s in g)
+    reused_ids = [g[0].index for g in src.buffer[:2]]
+    n_requests = len(engine.requests)
+    out1 = rollout(make_args(rollout_batch_size=2, n_samples_per_prompt=2), 1, src)
+    assert [g[0].index for g in out1.samples] == reused_ids
+    assert out1.metrics["rollout/surplus_groups_reused"] == 2
+    assert len(engine.requests) == n_requests, "carried groups are not generated again"
+    # older than the bound: regenerated instead of reused
+    if src.buffer:
+        stale = src.buffer[0]
+        out3 = rollout(make_args(rollout_batch_size=1, n_samples_per_prompt=2), 3, src)
+        assert out3.metrics["rollout/stale_groups_regenerated"] == 1
+        assert len(engine.requests) > n_requests
+        assert out3.samples[0][0].index == stale[0].index
+        assert out3.samples[0][0].weight_versions == ["3"]
+        assert all("start_rollout_id" not in s.metadata for s in out3.samples[0])
+
+
+def test_surplus_without_buffer_is_counted_dropped(make_rollout, make_source):
+    args = make_args(rollout_batch_size=2, over_sampling_batch_size=8)
+    out = make_rollout()(args, 0, make_source(buffered=False))
+    m = out.metrics
+    assert m["rollout/surplus_groups_carried"] == 0
+    assert m["rollout/surplus_groups_dropped"] + m["rollout/aborted_groups_dropped"] == 6
+
+
+def test_partial_rollout_needs_buffer(make_rollout, make_source):
+    with pytest.raises(ValueError, match="data_source=buffered"):
+        make_rollout()(make_args(partial_rollout=True), 0, make_source(buffered=False))
+
+
+def test_over_sampling_smaller_than_batch_is_refused(make_rollout, make_source):
+    with pytest.raises(ValueError, match="over_sampling_batch_size"):
+        make_rollout()(make_args(rollout_batch_size=4, over_sampling_batch_size=2), 0, make_source())
+
+
+def test_deterministic_mode_is_reproducible(make_rollout, make_source):
+    args = make_args(rollout_batch_size=3, n_samples_per_prompt=2, over_sampling_batch_size=5)
+
+    def run(**kw: Any) -> list[list[list[int]]]:
+        out = make_rollout(SpyEngine(**kw), dynamic_filter=drop_odd, deterministic=True)(args, 0, make_source())
+        return [[s.tokens for s in g] for g in out.samples]
+
+    a = run()
+    b = run(token_delay=0.001)
+    assert a == b
+
+
+def test_summary_logged_and_callable_from_a_running_loop(make_rollout, make_source, caplog):
+    import asyncio
+    import logging
+
+    rollout = make_rollout(progress=True)
+    args = make_args(rollout_batch_size=2)
+
+    async def caller() -> RolloutFnTrainOutput:
+        return rollout(args, 5, make_source(buffered=False))  # a sync call from inside a loop
+
+    with caplog.at_level(logging.INFO, logger="pipeline.rollout.train_run"):
+        out = asyncio.run(caller())
+    assert len(out.samples) == 2
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert "rollout 5 done" in text and "tokens_generated" in text
+
+
+def test_engine_error_propagates_and_cancels(make_rollout, make_source):
+    class Broken(ScriptedEngine):
+        async def generate(self, request: GenerationRequest) -> GenerationResult:
+            if request.request_id.endswith("-3"):
+                raise RuntimeError("replica exploded")
+            return await super().generate(request)
+
+    with pytest.raises(RuntimeError, match="replica exploded"):
+        make_rollout(Broken(token_delay=0.001))(make_args(rollout_batch_size=2), 0, make_source(buffered=False))

@@ -1,0 +1,120 @@
+"""Custom generate (fan-out, evaluation flag, bad output) and adaptive over-sampling."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pipeline.rollout.contracts import DynamicFilterOutput, PluginOutputError
+from pipeline.rollout.over_sampling import OverSampler
+
+from rollout_helpers import make_args
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_fanout_siblings_share_rollout_id(make_rollout, make_source):
+    args = make_args(rollout_batch_size=2, n_samples_per_prompt=2)
+    out = make_rollout(custom_generate_path="rollout_plugins.fanout_generate")(args, 0, make_source(buffered=False))
+    assert len(out.samples) == 2
+    seen = set()
+    for group in out.samples:
+        assert len(group) == 2
+        for item in group:
+            assert isinstance(item, list) and len(item) == 2
+            ids = {s.rollout_id for s in item}
+            assert len(ids) == 1 and None not in ids
+            seen |= ids
+            assert all(s.reward is not None for s in item), "every sibling is scored"
+    assert len(seen) == 4, "different parents get different trajectory ids"
+
+
+def test_per_sample_generate_path_and_params(make_rollout, make_source):
+    src = make_source(buffered=False)
+    args = make_args(rollout_batch_size=1, rollout_max_response_len=77)
+
+    class Src:
+        def get_samples(self, k: int) -> list:
+            groups = src.get_samples(k)
+            for g in groups:
+                g[0].generate_function_path = "rollout_plugins.tagged_generate"
+            return groups
+
+    out = make_rollout()(args, 0, Src())
+    first, second = out.samples[0]
+    assert first.metadata == {"evaluation": False, "max_new_tokens": 77}
+    assert "evaluation" not in second.metadata
+
+
+def test_plugin_with_wrong_output_is_named(make_rollout, make_source):
+    with pytest.raises(PluginOutputError, match="rollout_plugins.bad_generate"):
+        make_rollout(custom_generate_path="rollout_plugins.bad_generate")(
+            make_args(rollout_batch_size=1), 0, make_source(buffered=False))
+
+
+def test_plugin_outside_allowlist_is_refused(make_rollout, make_source):
+    args = make_args(rollout_batch_size=1, allowed_targets=["pipeline."], allowed_targets_extra=[])
+    with pytest.raises(Exception, match="not allowed"):
+        make_rollout(custom_generate_path="rollout_plugins.tagged_generate")(args, 0, make_source(buffered=False))
+
+
+def test_adaptive_fetch_size_unit():
+    fixed = OverSampler("fixed")
+    assert fixed.fetch_size(4, 16, 4, 0, 0) == 16
+    ad = OverSampler("adaptive", min_fetch=1, max_fetch_factor=3, min_pass_rate=0.1,
+                     prior_pass_rate=1.0, prior_weight=0.0, smoothing=1.0)
+    assert ad.fetch_size(4, 16, 4, 0, 0) == 4          # no evidence yet: the prior (all pass)
+    assert ad.fetch_size(4, 16, 1, 1, 4) == 4          # 25% pass: 1 missing -> 4 groups
+    assert ad.fetch_size(4, 16, 4, 0, 10) == 12        # 0% pass clamps to 10% and to 3x batch
+    ad.end_rollout(accepted=2, decided=8)
+    assert ad.pass_rate == pytest.approx(0.25)
+    assert ad.fetch_size(4, 16, 4, 0, 0) == 12         # next rollout starts from the learned rate
+    with pytest.raises(ValueError, match="over_sampling"):
+        OverSampler("sometimes")
+
+
+def half(args: Any, samples: list, **kw: Any) -> DynamicFilterOutput:
+    keep = samples[0].group_index % 2 == 0
+    return DynamicFilterOutput(keep=keep, reason=None if keep else "odd")
+
+
+def test_adaptive_wastes_less_than_fixed(make_rollout, make_source):
+    args = make_args(rollout_batch_size=4, n_samples_per_prompt=2, over_sampling_batch_size=16)
+    totals = {}
+    for mode in ("fixed", "adaptive"):
+        rollout = make_rollout(dynamic_filter=half, over_sampling=mode, deterministic=True)
+        src = make_source(buffered=False)
+        fetched = tokens = 0
+        for rid in range(3):
+            out = rollout(args, rid, src)
+            assert len(out.samples) == 4 and all(g[0].group_index % 2 == 0 for g in out.samples)
+            fetched += out.metrics["rollout/groups_fetched"]
+            tokens += out.metrics["rollout/tokens_generated"]
+        totals[mode] = (fetched, tokens / 12)
+    assert totals["fixed"][0] == 48
+    # the ideal at a 50% pass rate is 8 groups per rollout of 4
+    assert totals["adaptive"][0] <= 3 * 9
+    assert totals["adaptive"][1] < totals["fixed"][1]
+
+
+def test_group_reward_gets_whole_groups_with_the_real_dispatcher(make_rollout, make_source, tmp_path):
+    import rollout_plugins
+    from pipeline.rewards.dispatch import RewardDispatcher
+
+    from rollout_helpers import write_prompts
+    from pipeline.rollout.eval import EngineEval
+    from pipeline.engines.scripted import ScriptedEngine
+
+    reward = RewardDispatcher(rm_type=None, custom_rm_path="rollout_plugins.group_reward", group_rm=True)
+    rollout_plugins.GROUP_SIZES.clear()
+    out = make_rollout(reward=reward)(make_args(rollout_batch_size=2, n_samples_per_prompt=3), 0,
+                                      make_source(n=3, buffered=False))
+    assert rollout_plugins.GROUP_SIZES and set(rollout_plugins.GROUP_SIZES) == {3}
+    assert all(sorted(s.reward for s in g) == [0.0, 1.0, 2.0] for g in out.samples)
+    rollout_plugins.GROUP_SIZES.clear()
+    ev = EngineEval(engine=ScriptedEngine(), reward=reward, progress=False,
+                    datasets=[{"name": "e", "path": str(write_prompts(tmp_path / "e.jsonl", 2)),
+                               "n_samples_per_eval_prompt": 4}])
+    res = ev(make_args(), 0)
+    assert rollout_plugins.GROUP_SIZES == [4, 4] and len(res.data["e"]["rewards"]) == 8

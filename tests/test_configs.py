@@ -1,0 +1,189 @@
+"""Every option of every config group, discovered from disk, composes, resolves and builds.
+
+Engines are built but not started (the hf engine loads its model lazily on start(), so no model
+is loaded here); the wandb logger is built but not started.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from pipeline.app import _build
+from pipeline.config import ConfigError, SlimeArgs, TargetNotAllowedError, allowed_targets, build, to_plain, validate
+from pipeline.sample import Sample
+from pipeline.sinks.files import write_samples
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+# groups whose options replace a whole run (not a swappable role)
+SKIP_DIRS = {"hydra"}
+
+
+def discover() -> list[tuple[str, str]]:
+    """(group, option) for every conf/<group>/<option>.yaml."""
+    out = []
+    for group_dir in sorted(p for p in CONF.iterdir() if p.is_dir() and p.name not in SKIP_DIRS):
+        out += [(group_dir.name, f.stem) for f in sorted(group_dir.glob("*.yaml"))]
+    return out
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("conf")
+    rows = [{"input": f"What is {i} + {i + 1}?", "label": str(2 * i + 1)} for i in range(12)]
+    (d / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (d / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:4]))
+    chat = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}] * 4
+    (d / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in chat))
+    write_samples(d / "prev" / "samples" / "rollout_0.jsonl",
+                  [Sample(group_index=0, index=i, reward=1.0, tokens=[1, 2], response_length=1) for i in range(2)])
+    return d
+
+
+def base_overrides(d: Path) -> list[str]:
+    return [f"paths.output_dir={d}/out", f"data_source.path={d}/train.jsonl", f"paths.data_dir={d}",
+            f"paths.cache_dir={d}/cache", "engine=scripted", "logger=jsonl"]
+
+
+def option_overrides(group: str, option: str, d: Path) -> list[str]:
+    """What an option needs from the user (documented in its YAML) to be runnable."""
+    plugins = ["allowed_targets_extra=[tests.]"]
+    need = {
+        ("rollout", "function"): ["rollout.path=tests.pipeline.slime_plugins.generate_rollout"] + plugins,
+        ("rollout", "replay"): [f"rollout.source_dir={d}/prev"],
+        ("rollout", "sft"): [f"data_source.path={d}/chat.jsonl", "data_source.input_key=messages",
+                             "~data_source.label_key", "n_samples_per_prompt=1", "advantage=none"],
+        ("eval", "function"): ["eval.path=tests.pipeline.slime_plugins.generate_rollout", "eval_interval=1"] + plugins,
+        ("eval", "engine"): ["eval_interval=1", f"eval.datasets.0.path={d}/eval.jsonl"],
+        ("filter", "reward_topk"): ["data_source=buffered"],
+        ("filter", "oldest_first"): ["data_source=buffered"],
+        ("advantage", "rloo"): ["n_samples_per_prompt=2"],
+    }
+    return need.get((group, option), [])
+
+
+def compose_cfg(overrides: list[str]):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="config", overrides=overrides)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("group,option", discover())
+def test_every_option_composes_resolves_and_builds(group, option, workdir):
+    overrides = base_overrides(workdir) + [f"{group}={option}"] + option_overrides(group, option, workdir)
+    cfg = compose_cfg(overrides)
+    plain = to_plain(cfg)  # resolves every interpolation; raises on ??? (missing) values
+    validate(cfg)
+    allowed = allowed_targets(plain)
+    # parts the app builds outside _build (logger) or only when a consumer needs them
+    for extra in ("logger", "reward", "engine"):
+        built = build(plain[extra], allowed=allowed, where=extra)
+        assert built is not None, f"{extra} built nothing with {group}={option}"
+        getattr(built, "close", lambda: None)()
+    closers: list = []
+    try:
+        parts, eval_fn, schedule = _build(plain, SlimeArgs.from_config(plain), allowed, str(workdir / "out"), closers)
+    finally:
+        for c in closers:
+            getattr(c, "close", lambda: None)()
+    assert parts.rollout_fn is not None and parts.data_source is not None
+    assert (eval_fn is not None) == (plain["eval_interval"] is not None)
+    assert schedule.num_rollout == plain["num_rollout"]
+
+
+def test_discovery_finds_the_documented_groups():
+    found = {}
+    for g, o in discover():
+        found.setdefault(g, set()).add(o)
+    assert {"plain", "buffered"} <= found["data_source"]
+    assert {"pop_first", "reward_topk", "oldest_first"} <= found["filter"]
+    assert {"none", "nonzero_std", "nonzero_std_fallback"} <= found["dynamic_filter"]
+    assert {"sft", "replay"} <= found["rollout"]
+    assert {"grpo", "gspo", "cispo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "rloo", "dr_grpo",
+            "none"} <= found["advantage"]
+    assert {"wandb", "jsonl"} <= found["logger"]
+    assert found["experiment"]
+
+
+@pytest.mark.parametrize("ds", ["plain", "buffered"])
+@pytest.mark.parametrize("filt", ["pop_first", "reward_topk", "oldest_first"])
+def test_data_source_filter_product(ds, filt, workdir):
+    cfg = compose_cfg(base_overrides(workdir) + [f"data_source={ds}", f"filter={filt}"])
+    if ds == "plain" and filt != "pop_first":
+        with pytest.raises(ConfigError, match=f"filter: .*needs a buffer.*data_source=buffered"):
+            validate(cfg)
+        return
+    validate(cfg)
+    plain = to_plain(cfg)
+    allowed = allowed_targets(plain)
+    f = build(plain["filter"], allowed=allowed)
+    source = build(dict(plain["data_source"], save_dir=str(workdir / "ck")), allowed=allowed,
+                   args=SlimeArgs.from_config(plain), buffer_filter=f)
+    groups = source.get_samples(2)
+    assert len(groups) == 2 and all(len(g) == plain["n_samples_per_prompt"] for g in groups)
+    if ds == "buffered":
+        assert source.buffer_filter is f
+        source.add_samples(groups)
+        assert source.get_buffer_length() == 2
+        assert len(source.get_samples(1)) == 1
+
+
+@pytest.mark.parametrize("override,message", [
+    ("over_sampling_batch_size=2", r"over_sampling_batch_size: 2 must be >= rollout_batch_size \(4\)"),
+    ("rollout_batch_size=0", "rollout_batch_size: expected a positive integer, got 0"),
+    ("n_samples_per_prompt=two", "n_samples_per_prompt: expected a positive integer, got 'two'"),
+    ("partial_rollout=true", "partial_rollout: true needs data_source=buffered"),
+    ("partial_rollout=maybe", "partial_rollout: expected true or false"),
+    ("eval_interval=0", "eval_interval: expected a positive integer or null, got 0"),
+    ("eval_interval=2", "eval_interval: 2 is set but eval=none"),
+    ("eval_before_train=true", "eval_before_train: true but eval=none"),
+    ("save_interval=-1", "save_interval: expected a positive integer or null"),
+    ("start_rollout_id=5", r"start_rollout_id: 5 must be < num_rollout \(3\)"),
+    ("data_source.path='/nonexistent/x.jsonl@[1:]'", "data_source.path: '/nonexistent/x.jsonl' does not exist"),
+    ("rollout_top_p=1.5", r"rollout_top_p: expected a number in \(0, 1\]"),
+    ("resume=/nonexistent/run", "resume: '/nonexistent/run' is not a directory"),
+    ("custom_reward_post_process_path=nodots", "custom_reward_post_process_path: expected a dotted path"),
+    ("allowed_targets_extra=mypkg", "allowed_targets_extra: expected a list"),
+    ("rollout=function", "rollout: the node has no _target_ or path"),
+    ("advantage.estimator=ppo", r"advantage.estimator: expected one of \[.*'grpo'.*\], got 'ppo'"),
+    ("advantage.group_mode=prompt", "advantage.group_mode: expected one of"),
+    ("advantage=rloo", None),
+    ("data_source.seed=abc", "data_source.seed: expected an integer, got 'abc'"),
+    ("data_source.shuffle=3", "data_source.shuffle: expected true or false, got 3"),
+])
+def test_validate_names_key_and_expectation(override, message, workdir):
+    cfg = compose_cfg(base_overrides(workdir) + [override])
+    if message is None:  # valid on its own
+        validate(cfg)
+        return
+    with pytest.raises(ConfigError, match=message):
+        validate(cfg)
+
+
+def test_validate_rloo_needs_two_samples_and_eval_paths(workdir):
+    cfg = compose_cfg(base_overrides(workdir) + ["advantage=rloo", "n_samples_per_prompt=1"])
+    with pytest.raises(ConfigError, match="advantage=rloo needs n_samples_per_prompt >= 2"):
+        validate(cfg)
+    cfg = compose_cfg(base_overrides(workdir) + ["eval=engine", "eval_interval=1", "eval.datasets.0.path=/no/e.jsonl"])
+    with pytest.raises(ConfigError, match=r"eval.datasets\[0\].path: '/no/e.jsonl' does not exist"):
+        validate(cfg)
+
+
+def test_validate_reports_every_problem_at_once(workdir):
+    cfg = compose_cfg(base_overrides(workdir) + ["rollout_batch_size=0", "num_rollout=0"])
+    with pytest.raises(ConfigError) as err:
+        validate(cfg)
+    assert "rollout_batch_size" in str(err.value) and "num_rollout" in str(err.value)
+
+
+def test_disallowed_target_from_config_refused(workdir):
+    cfg = compose_cfg(base_overrides(workdir) + ["rollout=function", "rollout.path=os.system"])
+    plain = to_plain(cfg)
+    with pytest.raises(TargetNotAllowedError, match="'os.system' is not allowed"):
+        build(plain["rollout"], allowed=allowed_targets(plain), where="rollout")
+    cfg = compose_cfg(base_overrides(workdir) + ["rollout=function", "rollout.path=tests.pipeline.slime_plugins.generate_rollout"])
+    with pytest.raises(TargetNotAllowedError, match=r"allowed_targets_extra=\[tests.\]"):
+        build(to_plain(cfg)["rollout"], allowed=allowed_targets(to_plain(cfg)), where="rollout")
