@@ -37,7 +37,7 @@ def _sub(r: random.Random) -> Row:
 
 
 def _mul(r: random.Random) -> Row:
-    a, b = r.randint(2, 9), r.randint(2, 9)
+    a, b = r.randint(2, 12), r.randint(2, 12)
     return {"q": f"What is {a} times {b}?", "a": a * b, "kind": "mul", "ops": [a, b]}
 
 
@@ -69,10 +69,14 @@ KINDS: list[Callable[[random.Random], Row]] = [_add, _sub, _mul, _word_add, _wor
 def generate(n: int, rng: random.Random, seen: set[str]) -> list[dict[str, object]]:
     """`n` distinct rows not in `seen` (which is updated), kinds in round-robin order."""
     rows: list[dict[str, object]] = []
+    misses = 0
     while len(rows) < n:
         item = KINDS[len(rows) % len(KINDS)](rng)
         question = str(item["q"]) + SUFFIX
         if question in seen:
+            misses += 1
+            if misses > 100 * n:
+                raise SystemExit(f"cannot draw {n} distinct questions; lower --train/--eval")
             continue
         seen.add(question)
         rows.append({"input": question, "label": str(item["a"]),

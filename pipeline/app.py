@@ -75,6 +75,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     allowed = allowed_targets(plain)
     closers: list[Any] = []
     sinks: list[Any] = []
+    exit_code = 1  # until the rollouts finish
     try:
         parts, eval_fn, schedule = _build(plain, args, allowed, run_dir, closers)
         metrics_file = MetricsJsonl(os.path.join(run_dir, "metrics.jsonl"))
@@ -82,14 +83,16 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         name, group = run_identity(plain)
         sink = build(plain["logger"], allowed=allowed, where="logger")
         if sink is not None:
+            sinks.append(sink)  # finished (and torn down) even when start fails half-way
             sink.start(run_dir=run_dir, name=name, group=group, config=plain, resume=bool(resume))
-            sinks.append(sink)
         pipeline = Pipeline(parts=parts, schedule=schedule, metrics_file=metrics_file, eval_fn=eval_fn, sinks=sinks)
         logger.info("run dir %s: rollouts %d..%d", run_dir, schedule.start_rollout_id, schedule.num_rollout - 1)
-        return pipeline.run()
+        result = pipeline.run()
+        exit_code = 0
+        return result
     finally:
         for sink in sinks:
-            sink.finish()
+            sink.finish(exit_code=exit_code)
         for obj in closers:
             close = getattr(obj, "close", None)
             if callable(close):
@@ -108,10 +111,6 @@ def _build(plain: dict[str, Any], args: SlimeArgs, allowed: tuple[str, ...], run
     """Build engine, tokenizer, data source, reward, filters, rollout/eval functions, hooks."""
     rollout_cls, eval_cls = _target_of(plain["rollout"]), _target_of(plain["eval"])
     consumers = (rollout_cls, eval_cls)
-    engine = None
-    if any(_accepts(c, "engine") or _accepts(c, "tokenizer") for c in consumers):
-        engine = build(plain["engine"], allowed=allowed, where="engine")
-        closers.append(engine)
     ds_node = dict(plain["data_source"])
     if ds_node.get("save_dir") is None:
         ds_node["save_dir"] = os.path.join(run_dir, "checkpoints")
@@ -119,9 +118,13 @@ def _build(plain: dict[str, Any], args: SlimeArgs, allowed: tuple[str, ...], run
     # is fetched only for parts that need it at build time; engine rollouts take engine.tokenizer
     needs_tokenizer = bool(ds_node.get("apply_chat_template")) or ds_node.get("max_prompt_len") is not None \
         or any(_accepts(c, "tokenizer") and not _accepts(c, "engine") for c in consumers)
+    engine = None
+    if needs_tokenizer or any(_accepts(c, "engine") for c in consumers):
+        engine = build(plain["engine"], allowed=allowed, where="engine")
+        closers.append(engine)
     tokenizer = None
     if needs_tokenizer:
-        tokenizer = getattr(engine, "tokenizer", None) if engine is not None else None
+        tokenizer = getattr(engine, "tokenizer", None)
         if tokenizer is None:
             tokenizer = _load_tokenizer(plain)
     buffer_filter = build(plain["filter"], allowed=allowed, where="filter")

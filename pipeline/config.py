@@ -31,7 +31,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-_META_KEYS = ("_target_", "_partial_", "_recursive_", "_convert_", "_args_")
 
 
 class ConfigError(ValueError):

@@ -170,6 +170,9 @@ def _plugins(cfg: dict[str, Any], out: list[str]) -> None:
         v = cfg.get(key)
         if v is not None and (not isinstance(v, str) or "." not in v):
             out.append(f"{key}: expected a dotted path 'pkg.mod.fn' or null, got {v!r}")
+    lg = cfg.get("logger")
+    if isinstance(lg, dict) and "mode" in lg and lg["mode"] not in ("offline", "online", "disabled"):
+        out.append(f"logger.mode: expected offline, online or disabled, got {lg['mode']!r}")
     for group in ("rollout", "data_source", "logger"):
         if _target(cfg.get(group)) is None:
             out.append(f"{group}: the node has no _target_ or path; choose an option ({group}=...)")

@@ -117,6 +117,7 @@ class Sample:
         Raises ValueError when loss_mask / rollout_log_probs lengths disagree with
         response_length, or when log_probs does not match tokens.
         """
+        self.check_lengths()  # an already inconsistent sample fails before anything changes
         tokens = list(tokens)
         if log_probs is not None and len(log_probs) != len(tokens):
             raise ValueError(

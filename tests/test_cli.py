@@ -14,6 +14,7 @@ import pytest
 
 import pipeline
 from pipeline.data.checkpoint import read_checkpoint
+from pipeline.engines.scripted import ByteTokenizer
 from pipeline.sinks.files import read_samples
 from pipeline.sinks.jsonl import read_metrics
 
@@ -189,7 +190,7 @@ def test_help_lists_groups_and_cfg_job_prints_config(data):
         line = next(x for x in out.splitlines() if x.strip().startswith(f"{group}:"))
         assert all(o in line for o in options.split(", ")), line
     cfg = run_cli(["--cfg", "job", "--resolve", f"data_source.path={data}", "rollout_batch_size=3",
-                   f"paths.output_dir=/tmp/x"]).stdout
+                   "paths.output_dir=/tmp/x"]).stdout
     assert "rollout_batch_size: 3" in cfg and "over_sampling_batch_size: 3" in cfg
     assert "_target_: pipeline.data.sources.PlainDataSource" in cfg
 
@@ -207,3 +208,32 @@ def test_sweep_through_the_hydra_ray_launcher(data, tmp_path):
         assert [r["step"] for r in rows] == [0, 1]
         assert (sweep / job / "checkpoints" / "rollout_1.json").exists()
     assert len([x for x in (sweep / "summary.md").read_text().splitlines() if x.startswith("| ") and "job" not in x]) == 2
+
+
+@pytest.mark.timeout(120)
+def test_smoke_experiment_on_the_bundled_prompts(tmp_path):
+    run_dir = tmp_path / "smoke"
+    run_cli(["experiment=smoke", "rollout.progress=false", f"hydra.run.dir={run_dir}"])
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [0, 1]
+    prompts = [s.prompt for s in read_samples(run_dir / "samples" / "rollout_0.jsonl")]
+    tok = ByteTokenizer()  # the scripted engine's tokenizer renders the chat template
+    bundled = {tok.apply_chat_template([{"role": "user", "content": json.loads(x)["input"]}], add_generation_prompt=True)
+               for x in (ROOT / "data" / "math_train.jsonl").read_text().splitlines()}
+    assert prompts and set(prompts) <= bundled
+
+
+@pytest.mark.timeout(120)
+def test_sft_experiment_masks_assistant_turns(tmp_path):
+    conv = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"},
+            {"role": "user", "content": "and 3+3?"}, {"role": "assistant", "content": "6!"}]
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text("".join(json.dumps({"messages": conv}) + "\n" for _ in range(6)))
+    run_dir = tmp_path / "sft"
+    run_cli(["experiment=sft", "engine=scripted", "logger=jsonl", f"data_source.path={chat}", "num_rollout=2",
+             "rollout_batch_size=3", f"hydra.run.dir={run_dir}"])
+    td = pipeline.load_train_data(run_dir / "train_data" / "rollout_1")
+    assert len(td["tokens"]) == 3 and td["rewards"] == [0, 0, 0]
+    for tokens, n, mask in zip(td["tokens"], td["response_lengths"], td["loss_masks"]):
+        trained = "".join(chr(t) for t, m in zip(tokens[-n:], mask) if m)
+        assert trained == "46!"

@@ -81,6 +81,9 @@ class PromptDataset:
             self.too_long = int((~keep).sum())
             valid = valid[keep]
         self.rows: np.ndarray = valid
+        release = getattr(self.store, "release", None)
+        if release is not None:
+            release()
         if len(self.rows) == 0:
             raise DataError(
                 f"{self.path}: no prompts left ({len(self.store)} rows read, {self.skipped_rows} "

@@ -164,8 +164,12 @@ class ArrayCache:
         """Store `arrays` under `key` (temp file + rename)."""
         if self.dir is None:
             return
-        self.dir.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.dir, suffix=".tmp")
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.dir, suffix=".tmp")
+        except OSError as exc:
+            logger.warning("cache folder %s is not writable (%s); continuing without caching", self.dir, exc)
+            return
         try:
             with os.fdopen(fd, "wb") as f:
                 np.savez(f, **arrays)

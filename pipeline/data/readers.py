@@ -8,7 +8,6 @@ whole file to pyarrow as a table for vectorised validation.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import logging
 import os
@@ -111,6 +110,7 @@ class JsonLinesStore:
         self._slice = row_slice
         self._starts = self._ends = self._line_no = np.zeros(0, dtype=np.int64)
         self._indexed = False
+        self._table: pa.Table | None | bool = False  # False: not parsed yet
 
     def _index(self) -> None:
         """Find the non-blank lines (numpy over the bytes), then apply the slice."""
@@ -165,20 +165,25 @@ class JsonLinesStore:
         return f"{self.path} line {int(self._line_no[i])}"
 
     def table(self) -> pa.Table | None:
+        if self._table is not False:  # parsed once per start-up (validation, then lengths)
+            return self._table
+        self._table = None
         if len(self) == 0:
             return None
-        if not self._indexed:
-            self._index()
-        chunk = self._data[self._starts[0]:self._ends[-1]]
+        chunk = memoryview(self._data)[int(self._starts[0]):int(self._ends[-1])]
         try:
-            table = pajson.read_json(io.BytesIO(chunk))
+            table = pajson.read_json(pa.BufferReader(pa.py_buffer(chunk)))
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
             logger.info("%s: columnar JSON parse not possible (%s); validating line by line",
                         self.path, exc)
             return None
-        if table.num_rows != len(self):  # e.g. two objects on one line
-            return None
-        return table
+        if table.num_rows == len(self):  # not e.g. two objects on one line
+            self._table = table
+        return self._table
+
+    def release(self) -> None:
+        """Drop the parsed table (rows are decoded from the bytes after start-up)."""
+        self._table = False
 
 
 class TableStore:

@@ -9,11 +9,9 @@ with later fetches (each sample gets its own metadata/prompt/label copy).
 from __future__ import annotations
 
 import copy
-import importlib
 import json
 import logging
 import os
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable
 
@@ -22,8 +20,11 @@ import numpy as np
 from pipeline.data import checkpoint as ckpt
 from pipeline.data.buffer_filters import pop_first
 from pipeline.data.dataset import PromptDataset
-from pipeline.data.errors import CheckpointError, DataError, DataFingerprintMismatch
+from pipeline.data.errors import DataError
+from pipeline.data.lengths import ArrayCache
 from pipeline.data.order import EpochOrder
+from pipeline.data.persistence import CheckpointMixin
+from pipeline.data.slime_compat import import_path, kwargs_from_args, tokenizer_from_args
 from pipeline.rollout.contracts import is_sample_like
 from pipeline.sample import Sample
 
@@ -32,14 +33,14 @@ __all__ = ["PlainDataSource", "BufferedDataSource"]
 logger = logging.getLogger(__name__)
 
 _IMMUTABLE = (str, int, float, bool, type(None))
-STATE_FORMAT = "rollout-pipeline/data-source"
+_IMMUTABLE_TYPES = frozenset(_IMMUTABLE)
 
 
 def _copies(obj: Any, n: int) -> list[Any]:
     """`n` independent copies of a decoded JSON-like value (the first is `obj` itself)."""
     if isinstance(obj, _IMMUTABLE):
         return [obj] * n
-    if isinstance(obj, dict) and all(isinstance(v, _IMMUTABLE) for v in obj.values()):
+    if isinstance(obj, dict) and set(map(type, obj.values())) <= _IMMUTABLE_TYPES:
         return [obj] + [dict(obj) for _ in range(n - 1)]
     try:
         text = json.dumps(obj)
@@ -48,16 +49,17 @@ def _copies(obj: Any, n: int) -> list[Any]:
         return [obj] + [copy.deepcopy(obj) for _ in range(n - 1)]
 
 
-def _import_path(dotted: str) -> Any:
-    module, _, name = dotted.rpartition(".")
-    try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise DataError(f"cannot import {dotted!r}: {type(exc).__name__}: {exc}") from exc
+class PlainDataSource(CheckpointMixin):
+    """Prompts in epoch order as groups of fresh samples; read-only (no buffer).
 
-
-class PlainDataSource:
-    """Prompts in epoch order as groups of fresh samples; read-only (no buffer)."""
+    Build it from keywords (Hydra: `conf/data_source/plain.yaml`), from a slime args namespace
+    (`PlainDataSource(args)` or `PlainDataSource.from_args(args)`), or both via `args=`.
+    `path` (`file@[a:b]` slices allowed), the keys and `max_prompt_len` define the prompts
+    (see `PromptDataset`); `seed`/`shuffle` the epoch order (SPEC §3); `save_dir`/`load_dir`,
+    `keep_checkpoints` and `allow_data_change` the checkpoints (SPEC §5). `tokenizer` is a HF
+    tokenizer folder or object; without one, `args.hf_checkpoint` is used when needed.
+    `args` is what buffer filters receive (a slime-named namespace is made when absent).
+    """
 
     def __init__(
         self,
@@ -85,7 +87,7 @@ class PlainDataSource:
         args: Any = None,
     ) -> None:
         if slime_args is not None:  # slime style: DataSource(args)
-            kwargs = self._kwargs_from_args(slime_args)
+            kwargs = kwargs_from_args(slime_args)
             kwargs.pop("buffer_filter_path")
             PlainDataSource.__init__(self, **kwargs, args=slime_args)
             return
@@ -98,6 +100,8 @@ class PlainDataSource:
             raise DataError(f"seed must be an integer, got {seed!r}")
         if isinstance(keep_checkpoints, bool) or not isinstance(keep_checkpoints, int) or keep_checkpoints < 1:
             raise DataError(f"keep_checkpoints must be an integer >= 1, got {keep_checkpoints!r}")
+        if tokenizer is None and (apply_chat_template or max_prompt_len is not None) and args is not None:
+            tokenizer = tokenizer_from_args(args)  # no engine tokenizer injected: use hf_checkpoint
         self.dataset = PromptDataset(
             path, input_key=input_key, label_key=label_key, metadata_key=metadata_key,
             tool_key=tool_key, apply_chat_template=apply_chat_template,
@@ -113,7 +117,7 @@ class PlainDataSource:
         self.args = args if args is not None else SimpleNamespace(
             n_samples_per_prompt=n_samples_per_prompt, rollout_seed=seed, rollout_shuffle=self.shuffle,
             prompt_data=path, reward_key=None)
-        self._order = EpochOrder(len(self.dataset), seed, self.shuffle)
+        self._order = EpochOrder(len(self.dataset), seed, self.shuffle, ArrayCache(cache_dir, "epoch_order"))
         self.epoch_id = 0
         self.sample_offset = 0
         self.sample_group_index = 0
@@ -123,41 +127,10 @@ class PlainDataSource:
         self.metadata: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ construction
-    @staticmethod
-    def _kwargs_from_args(args: Any) -> dict[str, Any]:
-        """Constructor keywords from a slime-style args namespace."""
-        get = lambda name, default=None: getattr(args, name, default)  # noqa: E731
-        apply_ct = bool(get("apply_chat_template", False))
-        max_len = get("rollout_max_prompt_len")
-        tokenizer = None
-        if apply_ct or max_len is not None:
-            tokenizer = get("hf_checkpoint")
-            if tokenizer is not None and not Path(str(tokenizer)).is_dir():
-                try:
-                    from pipeline.engines.assets import resolve_checkpoint
-                except ImportError as exc:
-                    raise DataError(f"hf_checkpoint {tokenizer!r} is not a folder and cannot be resolved: {exc}") from exc
-                tokenizer = resolve_checkpoint(tokenizer, get("cache_dir"))
-        kwargs = get("apply_chat_template_kwargs") or {}
-        if isinstance(kwargs, str):
-            kwargs = json.loads(kwargs)
-        save, load = get("save"), get("load")
-        return {
-            "path": get("prompt_data"), "n_samples_per_prompt": get("n_samples_per_prompt"),
-            "seed": get("rollout_seed", 42), "shuffle": bool(get("rollout_shuffle", False)),
-            "input_key": get("input_key", "input"), "label_key": get("label_key"),
-            "metadata_key": get("metadata_key", "metadata"), "tool_key": get("tool_key", "tools"),
-            "apply_chat_template": apply_ct, "apply_chat_template_kwargs": dict(kwargs),
-            "tokenizer": tokenizer, "max_prompt_len": max_len,
-            "save_dir": os.path.join(save, "rollout") if save else None,
-            "load_dir": os.path.join(load, "rollout") if load else None,
-            "buffer_filter_path": get("buffer_filter_path"),
-        }
-
     @classmethod
     def from_args(cls, args: Any, **overrides: Any) -> PlainDataSource:
         """Build from slime's names (prompt_data, rollout_seed, rollout_shuffle, input_key, ...)."""
-        kwargs = cls._kwargs_from_args(args)
+        kwargs = kwargs_from_args(args)
         filter_path = kwargs.pop("buffer_filter_path")
         if issubclass(cls, BufferedDataSource) and filter_path:
             kwargs["buffer_filter"] = filter_path
@@ -223,93 +196,15 @@ class PlainDataSource:
         """Number of buffered groups (always 0 here)."""
         return 0
 
-    # ------------------------------------------------------------------ state
-    def fingerprint(self) -> dict[str, Any]:
-        """Data fingerprint plus the settings that decide the order and group shape."""
-        return {**self.dataset.fingerprint(), "n_samples_per_prompt": self.n_samples_per_prompt,
-                "seed": self.seed, "shuffle": self.shuffle}
-
-    def state_dict(self) -> dict[str, Any]:
-        """The whole state as JSON-able data."""
-        return {
-            "format": STATE_FORMAT, "class": type(self).__name__, "fingerprint": self.fingerprint(),
-            "epoch_id": self.epoch_id, "sample_offset": self.sample_offset,
-            "sample_group_index": self.sample_group_index, "sample_index": self.sample_index,
-            "current_rollout_id": self.current_rollout_id, "metadata": self.metadata,
-        }
-
-    def load_state_dict(self, state: dict[str, Any], *, source: str = "state", copy_state: bool = True) -> None:
-        """Restore `state_dict()`; refuses a fingerprint mismatch unless allow_data_change.
-
-        The state is copied first (a JSON round trip) so the restored source shares no
-        mutable object with the caller's dict; `load()` skips that for freshly read files.
-        """
-        if copy_state:
-            state = json.loads(json.dumps(state))
-        if state.get("format") != STATE_FORMAT:
-            raise CheckpointError(f"{source}: not a data-source state (format {state.get('format')!r})")
-        diffs = ckpt.diff_fingerprints(state["fingerprint"], self.fingerprint())
-        if diffs:
-            msg = f"{source} was written for different data: " + "; ".join(diffs)
-            if not self.allow_data_change:
-                raise DataFingerprintMismatch(msg + ". Pass allow_data_change=true to load it anyway.")
-            logger.warning("%s (allow_data_change is set; loading anyway)", msg)
-        self.epoch_id = int(state["epoch_id"])
-        self.sample_offset = min(int(state["sample_offset"]), len(self.dataset))
-        self.sample_group_index = int(state["sample_group_index"])
-        self.sample_index = int(state["sample_index"])
-        self.current_rollout_id = state.get("current_rollout_id")
-        self.metadata = dict(state.get("metadata") or {})
-
-    def save(self, rollout_id: int) -> Path:
-        """Write `<save_dir>/rollout_<id>.json` atomically and keep the newest `keep_checkpoints`."""
-        if self.save_dir is None:
-            raise CheckpointError("save: no save_dir configured for the data source")
-        path = ckpt.checkpoint_path(self.save_dir, rollout_id)
-        ckpt.write_checkpoint(path, {**self.state_dict(), "rollout_id": int(rollout_id)})
-        ckpt.prune_checkpoints(self.save_dir, self.keep_checkpoints)
-        logger.info("saved data-source state to %s", path)
-        return path
-
-    def load(self, rollout_id: int | None = None) -> int | None:
-        """Load checkpoint `rollout_id`, or the newest valid one when None; returns its id.
-
-        Returns None when there is nothing to load. A truncated or corrupt file is skipped with
-        a warning when searching for the newest; an explicitly requested one raises.
-        A slime `global_dataset_state_dict_<id>.pt` in the same folder is read as well.
-        """
-        directory = self.load_dir or self.save_dir
-        if directory is None:
-            return None
-        if rollout_id is not None:
-            path = ckpt.checkpoint_path(directory, rollout_id)
-            if path.is_file():
-                self.load_state_dict(ckpt.read_checkpoint(path), source=str(path), copy_state=False)
-                return int(rollout_id)
-            slime = Path(directory) / f"global_dataset_state_dict_{int(rollout_id)}.pt"
-            if slime.is_file():
-                self._load_slime(slime)
-                return int(rollout_id)
-            logger.info("no data-source checkpoint %s; starting fresh", path)
-            return None
-        for rid, path in reversed(ckpt.list_checkpoints(directory)):
-            try:
-                state = ckpt.read_checkpoint(path)
-            except CheckpointError as exc:
-                logger.warning("skipping invalid checkpoint: %s", exc)
-                continue
-            self.load_state_dict(state, source=str(path), copy_state=False)
-            return rid
-        return None
-
-    def _load_slime(self, path: Path) -> None:
-        state = ckpt.read_slime_state(path)
-        self.epoch_id = int(state["epoch_id"])
-        self.sample_offset = min(int(state["sample_offset"]), len(self.dataset))
-        self.sample_group_index = int(state["sample_group_index"])
-        self.sample_index = int(state["sample_index"])
-        self.metadata = dict(state.get("metadata") or {})
-        logger.info("loaded slime data-source state %s (slime saves no buffer)", path)
+    def metrics(self) -> dict[str, float]:
+        """Gauges for the run log: buffer size, epoch, skipped/too-long rows, filter counters."""
+        out = {"buffer/size": float(self.get_buffer_length()), "data/epoch": float(self.epoch_id),
+               "data/skipped_rows": float(self.dataset.skipped_rows),
+               "data/too_long_prompts": float(self.dataset.too_long)}
+        filt = getattr(self, "buffer_filter", None)
+        if hasattr(filt, "metrics"):
+            out.update(filt.metrics())
+        return out
 
 
 class BufferedDataSource(PlainDataSource):
@@ -321,7 +216,7 @@ class BufferedDataSource(PlainDataSource):
             buffer_filter = getattr(slime_args, "buffer_filter_path", None)
         super().__init__(slime_args, **kwargs)
         if isinstance(buffer_filter, str):
-            buffer_filter = _import_path(buffer_filter)
+            buffer_filter = import_path(buffer_filter)
             if isinstance(buffer_filter, type):  # a stateful filter class: default instance
                 buffer_filter = buffer_filter()
         if buffer_filter is not None and not callable(buffer_filter):

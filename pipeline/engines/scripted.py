@@ -1,6 +1,6 @@
 """A deterministic, model-free engine for unit tests of pipeline logic.
 
-`ScriptedEngine` answers "a + b" style questions found in the prompt with a short script
+`ScriptedEngine` answers "a + b" style questions (and the bundled word problems) found in the prompt with a short script
 ("Let me think. ... The answer is \\boxed{N}.") whose content is derived from a private RNG
 seeded by the request's sampling seed, or (when no seed is given) by the prompt ids and the
 request id. The answer is right with probability `correct_rate`, so rewards vary.
@@ -27,20 +27,23 @@ from typing import Any
 
 from pipeline.engines.base import GenerationRequest, GenerationResult
 
-__all__ = ["ByteTokenizer", "ScriptedEngine", "EngineStats"]
+__all__ = ["ByteTokenizer", "ScriptedEngine", "EngineStats", "solve"]
 
 logger = logging.getLogger(__name__)
 
-_QUESTION = re.compile(r"(-?\d+)\s*([+\-*])\s*(-?\d+)")
-_FILLER = ("Let me think.", "First, read the question.", "Add the numbers.", "Check the sum.",
-           "Carry the one.", "Write it down.", "Double check.", "Almost there.")
+_SYMBOLIC = re.compile(r"(-?\d+)\s*([+\-*×/]|plus|minus|times|multiplied by|divided by)\s*(-?\d+)")
+_NUMBER = re.compile(r"-?\d+")
+_OPS = {"+": "+", "plus": "+", "-": "-", "minus": "-", "*": "*", "×": "*", "times": "*",
+        "multiplied by": "*", "/": "/", "divided by": "/"}
+_FILLER = ("Hmm.", "Ok.", "Let me think.", "Add them.", "Check.", "So.", "Carry the one.", "Right.")
 
 
 class ByteTokenizer:
     """Reversible byte-level codec: ids 0..255 are UTF-8 bytes, 256 is EOS (and pad).
 
     Offers the subset of the Hugging Face tokenizer API the pipeline calls:
-    `encode`, `decode`, `__call__`, `apply_chat_template`, `eos_token_id`, `pad_token_id`.
+    `encode`, `decode`, `__call__`, `apply_chat_template`, `get_vocab`, `eos_token_id`,
+    `pad_token_id`.
     """
 
     eos_token_id: int = 256
@@ -62,6 +65,12 @@ class ByteTokenizer:
             elif not skip_special_tokens:
                 out.extend(self.eos_token.encode())
         return out.decode("utf-8", errors="replace")
+
+    def get_vocab(self) -> dict[str, int]:
+        """Token string -> id (byte tokens are spelled `<0xNN>`)."""
+        vocab = {f"<0x{i:02X}>": i for i in range(256)}
+        vocab[self.eos_token] = self.eos_token_id
+        return vocab
 
     def __call__(self, text: str | list[str], add_special_tokens: bool = False, **_: Any) -> dict:
         """`{"input_ids": ...}` for one text or a list of texts."""
@@ -97,6 +106,32 @@ class EngineStats:
     aborted: int = 0
 
 
+def solve(text: str) -> int | None:
+    """The answer to the first arithmetic question in `text` ("3 + 4", "8 times 8", or the simple
+    word problems of the bundled data: "... gets 3 more", "... gave 2 away", "... in each ..."),
+    or None when there is none."""
+    match = _SYMBOLIC.search(text)
+    if match is not None:
+        a, op, b = int(match.group(1)), _OPS[match.group(2)], int(match.group(3))
+    else:
+        nums = [int(x) for x in _NUMBER.findall(text)[:2]]
+        if len(nums) < 2:
+            return None
+        a, b = nums
+        lowered = text.lower()
+        if "in each" in lowered or "each" in lowered.split():
+            op = "*"
+        elif " away" in lowered or " left" in lowered:
+            op = "-"
+        elif " more" in lowered or "total" in lowered:
+            op = "+"
+        else:
+            return None
+    if op == "/":
+        return a // b if b else None
+    return a + b if op == "+" else a - b if op == "-" else a * b
+
+
 def _stable_seed(*parts: Any) -> int:
     h = hashlib.sha256(repr(parts).encode()).digest()
     return int.from_bytes(h[:8], "little")
@@ -109,7 +144,7 @@ class ScriptedEngine:
         self,
         correct_rate: float = 0.5,
         token_delay: float = 0.0,
-        max_filler: int = 8,
+        max_filler: int = 3,
         seed: int = 0,
         tokenizer: Any = None,
     ) -> None:
@@ -132,12 +167,10 @@ class ScriptedEngine:
     def script_for(self, prompt_text: str, rng: random.Random) -> str:
         """The full response text for a prompt under `rng` (public for tests)."""
         filler = " ".join(rng.choice(_FILLER) for _ in range(rng.randint(0, self.max_filler)))
-        match = _QUESTION.search(prompt_text)
-        if match is None:
+        right = solve(prompt_text)
+        if right is None:
             answer = rng.randint(0, 99)
         else:
-            a, op, b = int(match.group(1)), match.group(2), int(match.group(3))
-            right = a + b if op == "+" else a - b if op == "-" else a * b
             answer = right if rng.random() < self.correct_rate else right + rng.choice([-2, -1, 1, 2, 10])
         return (filler + " " if filler else "") + f"The answer is \\boxed{{{answer}}}."
 

@@ -126,7 +126,7 @@ class EngineEval:
             groups = self._load(args, spec)
             samples = await self._generate(args, ctx, spec, groups)
             data[spec["name"]] = self._collect(args, samples)
-            metrics.update(self._metrics(spec["name"], groups, data[spec["name"]]))
+            metrics.update(self._metrics(spec["name"], data[spec["name"]]))
         metrics["perf/eval_time"] = time.perf_counter() - start
         if self.summary:
             logger.info("%s", format_summary(f"eval at rollout {rollout_id}", metrics))
@@ -152,7 +152,7 @@ class EngineEval:
         overrides = {"temperature": spec.get("temperature"), "top_p": spec.get("top_p"),
                      "top_k": spec.get("top_k"), "max_new_tokens": spec.get("max_response_len"),
                      "stop": spec.get("stop")}
-        params = sampling_params_from_args(args, evaluation=True, overrides=overrides)
+        params = sampling_params_from_args(args, overrides=overrides)
         sem = asyncio.Semaphore(self.max_concurrency) if self.max_concurrency else None
         bar = Progress(sum(len(g) for g in groups), f"eval {spec['name']}", self.progress)
 
@@ -205,7 +205,7 @@ class EngineEval:
         truncated = [Sample.Status(s.status) == Sample.Status.TRUNCATED for s in samples]
         return {"rewards": rewards, "truncated": truncated, "samples": samples}
 
-    def _metrics(self, name: str, groups: list[list[Sample]], d: dict[str, Any]) -> dict[str, Any]:
+    def _metrics(self, name: str, d: dict[str, Any]) -> dict[str, Any]:
         rewards = [float(r) for r in d["rewards"] if r is not None]
         out: dict[str, Any] = {
             f"eval/{name}": sum(rewards) / len(rewards) if rewards else float("nan"),

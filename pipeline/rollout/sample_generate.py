@@ -77,8 +77,9 @@ def is_finished(sample: Any) -> bool:
     return Sample.Status(sample.status) in _DONE
 
 
-def sampling_params_from_args(args: Any, evaluation: bool = False, overrides: dict | None = None) -> dict:
-    """slime-style sampling-params dict (sglang key names) from the run args."""
+def sampling_params_from_args(args: Any, overrides: dict | None = None) -> dict:
+    """slime-style sampling-params dict (sglang key names) from the run args; non-None
+    `overrides` (eval datasets) replace values."""
     params = {
         "temperature": args.rollout_temperature,
         "top_p": args.rollout_top_p,

@@ -314,7 +314,7 @@ class TrainRun:
         m["rollout/tokens_generated"] = self.ctx.tokens_generated
         m["rollout/tokens_per_kept_group"] = self.ctx.tokens_generated / max(1, self.target)
         m["rollout/filter_pass_rate"] = self.accepted / self.decided if self.decided else 1.0
-        m["rollout/adaptive_pass_rate"] = self.o.over_sampler.pass_rate
+        m["rollout/pass_rate_ema"] = self.o.over_sampler.pass_rate
         m["rollout/buffer_size"] = buffer_size(self.data_source)
         m["perf/rollout_generate_time"] = elapsed
         m["rollout/gen_tokens_per_sec"] = self.ctx.tokens_generated / max(elapsed, 1e-9)

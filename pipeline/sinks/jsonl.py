@@ -76,5 +76,5 @@ class ConsoleSink:
         logger.info("step %d: %s", step, ", ".join(
             f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(shown.items())))
 
-    def finish(self) -> None:
+    def finish(self, exit_code: int = 0) -> None:
         """Nothing to close."""

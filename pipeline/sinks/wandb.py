@@ -48,13 +48,13 @@ class WandbSink:
         """One wandb history row at `step`."""
         self.run.log(dict(metrics), step=int(step))
 
-    def finish(self) -> None:
-        """finish() the run, then tear the wandb service down (also after a failure)."""
+    def finish(self, exit_code: int = 0) -> None:
+        """finish() the run (marked failed when exit_code != 0), then tear the wandb service down."""
         import wandb
 
         try:
             if self.run is not None:
-                self.run.finish()
+                self.run.finish(exit_code=exit_code)
         finally:
             self.run = None
             wandb.teardown()

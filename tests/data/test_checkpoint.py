@@ -146,3 +146,35 @@ def test_reads_a_slime_state_file(tmp_path: Path, data5: str) -> None:
     assert (g[0].group_index, g[0].index, src.epoch_id, src.metadata) == (13, 26, 2, {"k": 1})
     from pipeline.data.order import epoch_permutation
     assert g[0].prompt == f"q{epoch_permutation(42, 2, 5)[3]}"
+
+
+def test_foreign_samples_are_checkpointed_by_shape(tmp_path: Path, data5: str) -> None:
+    class SlimeLikeSample:  # slime's own Sample: same core fields, its own class and enum
+        def __init__(self, index: int) -> None:
+            self.index, self.group_index, self.tokens, self.response_length = index, 0, [1, 2], 0
+            self.status, self.reward, self.metadata, self.prompt = Sample.Status.COMPLETED, 1.0, {"k": index}, "p"
+            self.slime_only = index  # an attribute our Sample does not have
+
+        def to_dict(self) -> dict[str, Any]:
+            return dict(self.__dict__)
+
+    src = buffered(data5, tmp_path)
+    src.add_samples([[SlimeLikeSample(0), SlimeLikeSample(1)]])
+    src.save(0)
+    fresh = buffered(data5, tmp_path)
+    assert fresh.load() == 0
+    got = fresh.buffer[0]
+    assert [type(s) for s in got] == [Sample, Sample]
+    assert [(s.index, s.tokens, s.status, s.metadata, s.weight_versions) for s in got] == [
+        (0, [1, 2], Sample.Status.COMPLETED, {"k": 0}, []), (1, [1, 2], Sample.Status.COMPLETED, {"k": 1}, [])]
+    assert [s.slime_only for s in got] == [0, 1]
+
+
+def test_in_memory_state_round_trip_shares_nothing(data5: str) -> None:
+    src = BufferedDataSource(path=data5, n_samples_per_prompt=2)
+    src.add_samples(src.get_samples(1))
+    state = src.state_dict()
+    other = BufferedDataSource(path=data5, n_samples_per_prompt=2)
+    other.load_state_dict(state)
+    other.buffer[0][0].metadata["x"] = 1
+    assert "x" not in src.buffer[0][0].metadata and other.state_dict()["buffer"] != state["buffer"]

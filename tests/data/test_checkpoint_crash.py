@@ -114,3 +114,14 @@ def test_sigkill_at_random_points(tmp_path: Path) -> None:
         check_loadable(run_dir, data, last)
         # keep_checkpoints=2; one more when the kill fell between the rename and the pruning
         assert len(ckpt.list_checkpoints(run_dir / "ck")) <= 3
+
+
+@pytest.mark.timeout(120)
+def test_next_save_removes_a_killed_writers_temp_file(tmp_path: Path) -> None:
+    data = write_jsonl(tmp_path / "d.jsonl", make_rows(50))
+    run_and_kill(tmp_path, data, pause=5.0, kill_on="mid-write", delay=0.05)
+    assert list((tmp_path / "ck").glob(".rollout_*.tmp"))
+    src = BufferedDataSource(path=data, n_samples_per_prompt=4, seed=1, save_dir=tmp_path / "ck")
+    assert src.load() == 0
+    src.save(1)
+    assert not list((tmp_path / "ck").glob(".rollout_*.tmp"))

@@ -111,7 +111,7 @@ def test_length_cache_warm_start_does_no_tokenisation(tmp_path: Path, tokenizer_
     cache = tmp_path / "cache"
     cold = PromptDataset(path, tokenizer=tokenizer_dir, max_prompt_len=4, cache_dir=cache)
     assert calls == [50]
-    assert len(list((cache / "prompt_lengths").glob("*.npy"))) == 1
+    assert len(list((cache / "prompt_lengths").glob("*.npz"))) == 1
     warm = PromptDataset(path, tokenizer=tokenizer_dir, max_prompt_len=4, cache_dir=cache)
     assert calls == [50]
     assert warm.tokenizer is not None and warm.tokenizer._obj is None  # not even loaded
@@ -151,3 +151,26 @@ def test_fingerprint_names_files_and_settings(data5: str) -> None:
     fp = PromptDataset(data5).fingerprint()
     assert fp["files"][0]["name"] == "q.jsonl" and len(fp["files"][0]["sha256"]) == 64
     assert fp["num_prompts"] == 5 and fp["input_key"] == "input"
+
+
+def test_index_cache_skips_parsing_on_warm_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 caplog: pytest.LogCaptureFixture) -> None:
+    from pipeline.data.readers import JsonLinesStore
+
+    path = tmp_path / "x.jsonl"
+    path.write_text('{"input": "a"}\n\n{"input": 1}\n{"input": "c", "label": "z"}\n')
+    cache = tmp_path / "cache"
+    cold = PromptDataset(str(path), skip_bad_rows=True, cache_dir=cache)
+    parses: list[int] = []
+    original = JsonLinesStore.table
+    monkeypatch.setattr(JsonLinesStore, "table", lambda self: parses.append(1) or original(self))
+    monkeypatch.setattr(JsonLinesStore, "_index", lambda self: pytest.fail("line scan on a warm start"))
+    with caplog.at_level(logging.WARNING):
+        warm = PromptDataset(str(path), skip_bad_rows=True, cache_dir=cache)
+    assert parses == [] and prompts(warm) == prompts(cold) == ["a", "c"] and warm.skipped_rows == 1
+    assert "skipping 1 bad rows of 3" in caplog.text
+    assert warm.store.where(int(warm.rows[1])).endswith("x.jsonl line 4")
+    # without skip_bad_rows the cached index does not apply: the bad row is an error again
+    monkeypatch.undo()
+    with pytest.raises(Exception, match="x.jsonl line 3"):
+        PromptDataset(str(path), cache_dir=cache)

@@ -42,3 +42,17 @@ def test_epoch_order_depends_only_on_seed_epoch_n() -> None:
     a.order(0), a.order(1)
     assert a.order(3).tolist() == b.order(3).tolist() == epoch_permutation(42, 3, 10)
     assert EpochOrder(4, 42, False).order(5).tolist() == [0, 1, 2, 3]
+
+
+def test_large_orders_are_cached_and_identical(tmp_path, monkeypatch) -> None:
+    from pipeline.data import order as order_mod
+    from pipeline.data.lengths import ArrayCache
+
+    monkeypatch.setattr(order_mod, "CACHE_MIN_N", 10)
+    cache = ArrayCache(tmp_path, "epoch_order")
+    first = EpochOrder(50, 7, True, cache).order(2)
+    assert first.tolist() == epoch_permutation(7, 2, 50)
+    assert len(list((tmp_path / "epoch_order").glob("*.npz"))) == 1
+    monkeypatch.setattr(order_mod, "epoch_permutation", lambda *a: pytest.fail("recomputed"))
+    again = EpochOrder(50, 7, True, cache).order(2)
+    assert again.tolist() == first.tolist() and again.dtype == first.dtype

@@ -74,7 +74,7 @@ def run(path: str, seed: int, n: int, shuffle: bool, filt: str, ops: list[tuple[
 
 
 @pytest.mark.timeout(300)
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(n_rows=st.integers(1, 7), seed=st.integers(0, 10_000), n=st.integers(1, 3), shuffle=st.booleans(),
        filt=st.sampled_from(sorted(FILTERS)), ops=OPS)
 def test_interrupted_equals_uninterrupted(n_rows: int, seed: int, n: int, shuffle: bool, filt: str,

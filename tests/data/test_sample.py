@@ -76,12 +76,17 @@ def test_finish_reason_mapping(kind: str, status: str) -> None:
 def test_length_errors() -> None:
     with pytest.raises(ValueError, match="2 log-probs for 1 tokens"):
         Sample().append_response_tokens(tokens=[1], log_probs=[0.0, 0.0])
-    s = Sample(response_length=2, loss_mask=[1])
-    with pytest.raises(ValueError, match="loss_mask has 2 entries but response_length is 3"):
+    s = Sample(tokens=[1, 2], response_length=2, loss_mask=[1])
+    with pytest.raises(ValueError, match="loss_mask has 1 entries but response_length is 2"):
         s.append_response_tokens(tokens=[5])
+    assert s.tokens == [1, 2] and s.response_length == 2  # nothing changed on error
     t = Sample(response_length=1, rollout_log_probs=[0.1, 0.2])
-    with pytest.raises(ValueError, match="rollout_log_probs has 3 entries but response_length is 2"):
+    with pytest.raises(ValueError, match="rollout_log_probs has 2 entries but response_length is 1"):
         t.append_response_tokens(tokens=[5], log_probs=[0.3])
+    v = Sample()
+    with pytest.raises(ValueError, match="1 log-probs for 2 tokens"):
+        v.append_response_tokens(tokens=[5, 6], log_probs=[0.3])
+    assert v.tokens == [] and v.loss_mask is None
     u = Sample()
     u.append_response_tokens(tokens=[1, 2])
     with pytest.raises(ValueError, match="log-probs given now but not for the 2 earlier"):

@@ -151,3 +151,16 @@ def test_from_args_and_slime_style_constructor(tmp_path: Path) -> None:
 def test_bad_buffer_filter_path(data5: str) -> None:
     with pytest.raises(DataError, match="cannot import 'nope.missing'"):
         BufferedDataSource(path=data5, n_samples_per_prompt=1, buffer_filter="nope.missing")
+
+
+def test_metrics_and_tokenizer_from_args(tmp_path: Path, tokenizer_dir: str) -> None:
+    from pipeline.data.buffer_filters import OldestFirst
+
+    path = write_jsonl(tmp_path / "d.jsonl", [{"input": "w1 " * i} for i in range(1, 6)])
+    args = SimpleNamespace(hf_checkpoint=tokenizer_dir)
+    src = BufferedDataSource(path=path, n_samples_per_prompt=1, max_prompt_len=3, args=args,
+                             buffer_filter=OldestFirst(max_staleness=0))
+    assert len(src) == 3  # the tokenizer came from args.hf_checkpoint
+    src.add_samples(src.get_samples(2))
+    assert src.metrics() == {"buffer/size": 2.0, "data/epoch": 0.0, "data/skipped_rows": 0.0,
+                             "data/too_long_prompts": 2.0, "buffer/stale_dropped": 0.0}

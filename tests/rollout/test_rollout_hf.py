@@ -31,8 +31,12 @@ def cut_to_partial(group: list[Sample], tok) -> None:
 
 
 def test_hf_rollout_end_to_end_with_partial_continuation(tmp_path):
+    import torch
+
+    threads = torch.get_num_threads()  # the engine sets it process-wide; restored below
     path = resolve_checkpoint("smollm2-135m-instruct", default_cache_dir())
-    engine = HFEngine(path, num_threads=2, max_batch_size=8)
+    # 1 thread: on the shared, oversubscribed CI cores 2 OpenMP threads are several times slower
+    engine = HFEngine(path, num_threads=1, max_batch_size=8)
     try:
         engine.start()
         tok = engine.tokenizer
@@ -66,3 +70,4 @@ def test_hf_rollout_end_to_end_with_partial_continuation(tmp_path):
             assert got[idx].response_length <= 16
     finally:
         engine.close()
+        torch.set_num_threads(threads)

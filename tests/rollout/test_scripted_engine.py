@@ -82,3 +82,21 @@ def test_bad_config_is_refused():
     e = ScriptedEngine()
     e.close()
     assert asyncio.run(e.health()) is False
+
+
+def test_solver_understands_symbols_words_and_the_bundled_data():
+    import json
+    from pathlib import Path
+
+    from pipeline.engines.scripted import solve
+
+    assert solve("What is 3 + 4?") == 7 and solve("What is 9 - 12?") == -3
+    assert solve("What is 8 times 8?") == 64 and solve("12 divided by 4") == 3
+    assert solve("Ann has 3 pens and gets 2 more. How many?") == 5
+    assert solve("Bo had 9 cards and gave 4 away. How many are left?") == 5
+    assert solve("There are 5 bags with 6 shells in each bag.") == 30
+    assert solve("Name a colour.") is None
+    root = Path(__file__).resolve().parents[2] / "data"
+    rows = [json.loads(line) for f in sorted(root.glob("math_*.jsonl")) for line in open(f)]
+    assert rows, "bundled data missing"
+    assert all(solve(r["input"]) == int(r["label"]) for r in rows)

@@ -1,0 +1,201 @@
+"""Lossless, fast, JSON-able encoding of groups of samples (the buffer in a checkpoint).
+
+Samples are stored column-wise: the numeric per-token lists (tokens, loss_mask,
+rollout_log_probs) as base64 numpy buffers in the smallest exact dtype (else plain JSON
+lists), string fields interned, constant fields once, every other field as one JSON list,
+extra attributes per sample. Decoding builds fresh `Sample` objects.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import gc
+import operator
+from itertools import chain
+from typing import Any
+
+import numpy as np
+
+from pipeline.data.errors import CheckpointError
+from pipeline.sample import Sample
+
+__all__ = ["encode_groups", "decode_groups"]
+
+_ARRAYS = {"tokens": int, "loss_mask": int, "rollout_log_probs": float}
+_FIELDS = tuple(f for f in Sample.__dataclass_fields__ if f not in _ARRAYS)
+
+
+def _default(name: str) -> Any:
+    """A zero-argument factory for the default of Sample field `name` (for foreign samples)."""
+    f = Sample.__dataclass_fields__[name]
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory
+    return lambda: f.default
+
+
+def _sample_dict(s: Any) -> dict[str, Any]:
+    d = dict(s.__dict__) if isinstance(s, Sample) else dict(s.to_dict() if hasattr(s, "to_dict") else vars(s))
+    status = d.get("status", Sample.Status.PENDING)
+    d["status"] = getattr(status, "value", status)
+    return d
+
+
+def _b64(arr: np.ndarray) -> str:
+    return base64.b64encode(arr.tobytes()).decode()
+
+
+def _smallest_int(arr: np.ndarray) -> np.ndarray:
+    if arr.size == 0:
+        return arr.astype("<i4")
+    lo, hi = int(arr.min()), int(arr.max())
+    for dtype in ("<u1", "<i1", "<u2", "<i2", "<u4", "<i4"):
+        info = np.iinfo(dtype)
+        if info.min <= lo and hi <= info.max:
+            return arr.astype(dtype)
+    return arr.astype("<i8")
+
+
+def _encode_array(values: list[Any], kind: type) -> dict[str, Any] | None:
+    """Base64 buffers for a column of `list[number] | None`, or None when not numeric.
+
+    Ints use the smallest integer dtype that holds them; floats use float32 when that is
+    exact for every value (log-probs of float32 engines), else float64. Values compare equal
+    after a round trip (an int inside a float list comes back as the equal float).
+    """
+    present = [v for v in values if v is not None]
+    if not set(map(type, present)) <= {list}:
+        return None
+    flat = list(chain.from_iterable(present))
+    try:
+        arr = np.array(flat) if flat else np.zeros(0, dtype=np.int64 if kind is int else np.float64)
+    except (OverflowError, ValueError):
+        return None
+    if arr.ndim != 1 or arr.dtype.kind not in ("iu" if kind is int else "iuf"):
+        return None
+    if kind is int:
+        arr = _smallest_int(arr)
+    else:
+        arr = arr.astype(np.float64)
+        f32 = arr.astype("<f4")
+        arr = f32 if np.array_equal(f32.astype(np.float64), arr, equal_nan=True) else arr.astype("<f8")
+    if len(present) == len(values):
+        lengths = _smallest_int(np.fromiter(map(len, values), np.int64, len(values)))
+    else:
+        lengths = _smallest_int(np.fromiter((-1 if v is None else len(v) for v in values), np.int64, len(values)))
+    return {"dtype": arr.dtype.str, "lengths": _b64(lengths), "lengths_dtype": lengths.dtype.str,
+            "data": _b64(arr)}
+
+
+def _decode_array(enc: dict[str, Any]) -> list[list[Any] | None]:
+    lengths = np.frombuffer(base64.b64decode(enc["lengths"]), dtype=enc["lengths_dtype"]).astype(np.int64)
+    data = np.frombuffer(base64.b64decode(enc["data"]), dtype=enc["dtype"])
+    if data.dtype.kind == "f":
+        data = data.astype(np.float64)  # float32 values come back as the same Python floats
+    if len(lengths) and (lengths == lengths[0]).all() and lengths[0] > 0:
+        return data.reshape(len(lengths), int(lengths[0])).tolist()  # equal lengths: one C call
+    flat = data.tolist()
+    ends = np.cumsum(np.maximum(lengths, 0)).tolist()
+    out: list[list[Any] | None] = [flat[a:b] for a, b in zip([0] + ends[:-1], ends)]
+    for i in np.flatnonzero(lengths < 0).tolist():
+        out[i] = None
+    return out
+
+
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def _encode_column(values: list[Any]) -> Any:
+    """A field column: one constant, interned strings, or the plain JSON list."""
+    if values and type(values[0]) in _SCALARS:
+        kinds = set(map(type, values))
+        if len(kinds) == 1 and values.count(values[0]) == len(values):
+            return {"const": values[0]}
+        if kinds == {str}:
+            table = {v: i for i, v in enumerate(dict.fromkeys(values))}
+            small = _smallest_int(np.fromiter(map(table.__getitem__, values), np.int64, len(values)))
+            return {"strings": list(table), "index": _b64(small), "index_dtype": small.dtype.str}
+    return {"values": values}
+
+
+def _decode_column(enc: dict[str, Any], total: int) -> list[Any]:
+    if "const" in enc:
+        return [enc["const"]] * total
+    if "strings" in enc:
+        strings = enc["strings"]
+        idx = np.frombuffer(base64.b64decode(enc["index"]), dtype=enc["index_dtype"]).tolist()
+        return [strings[i] for i in idx]
+    return enc["values"]
+
+
+def _column(dicts: list[dict[str, Any]], name: str, default: Any) -> list[Any]:
+    """`d[name]` of every dict (C-level map), `default()` where a foreign sample lacks it."""
+    try:
+        return list(map(operator.itemgetter(name), dicts))
+    except KeyError:
+        return [d[name] if name in d else default() for d in dicts]
+
+
+def encode_groups(groups: list[list[Any]]) -> dict[str, Any]:
+    """JSON-able, lossless encoding of groups of samples (ours or slime's)."""
+    gc_was_on = gc.isenabled()
+    gc.disable()  # millions of small objects: generational GC passes would dominate
+    try:
+        dicts = [s.__dict__ if type(s) is Sample else _sample_dict(s) for g in groups for s in g]
+        out: dict[str, Any] = {"group_sizes": [len(g) for g in groups], "columns": {}, "arrays": {}}
+        for name, kind in _ARRAYS.items():
+            values = _column(dicts, name, lambda: None)
+            enc = _encode_array(values, kind)
+            if enc is None:
+                out["columns"][name] = {"values": values}
+            else:
+                out["arrays"][name] = enc
+        for name in _FIELDS:
+            values = _column(dicts, name, _default(name))
+            if name == "status":
+                values = [getattr(v, "value", v) for v in values]
+            out["columns"][name] = _encode_column(values)
+        fields = Sample.__dataclass_fields__
+        # a Sample's dict holds exactly its fields unless it carries extra attributes
+        extras = [[i, {k: v for k, v in d.items() if k not in fields}]
+                  for i, d in enumerate(dicts) if len(d) != len(fields)]
+        out["extras"] = [e for e in extras if e[1]]
+        return out
+    finally:
+        if gc_was_on:
+            gc.enable()
+
+
+_STATUS = {s.value: s for s in Sample.Status}
+
+
+def decode_groups(enc: dict[str, Any]) -> list[list[Sample]]:
+    """Inverse of `encode_groups`: fresh `Sample` objects, extra attributes restored."""
+    gc_was_on = gc.isenabled()
+    gc.disable()
+    try:
+        total = sum(enc["group_sizes"])
+        columns = {name: _decode_column(col, total) for name, col in enc["columns"].items()}
+        for name, arr in enc["arrays"].items():
+            columns[name] = _decode_array(arr)
+        names = list(columns)
+        rows = [dict(zip(names, vals)) for vals in zip(*(columns[n] for n in names))]
+        if len(rows) != total:
+            raise CheckpointError(f"buffer encoding holds {len(rows)} samples, group sizes say {total}")
+        for i, extra in enc["extras"]:
+            rows[i].update(extra)
+        samples = []
+        new = object.__new__
+        for d in rows:
+            d["status"] = _STATUS[d["status"]]
+            s = new(Sample)
+            s.__dict__ = d
+            samples.append(s)
+        groups, pos = [], 0
+        for size in enc["group_sizes"]:
+            groups.append(samples[pos:pos + size])
+            pos += size
+        return groups
+    finally:
+        if gc_was_on:
+            gc.enable()

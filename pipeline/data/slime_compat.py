@@ -1,0 +1,58 @@
+"""slime compatibility: constructor keywords from a slime args namespace, dotted-path imports."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from pipeline.data.errors import DataError
+
+__all__ = ["kwargs_from_args", "tokenizer_from_args", "import_path"]
+
+
+def tokenizer_from_args(args: Any) -> str | None:
+    """The tokenizer folder named by `args.hf_checkpoint` (resolving the bundled model name)."""
+    name = getattr(args, "hf_checkpoint", None)
+    if name is None or Path(str(name)).is_dir():
+        return name
+    try:
+        from pipeline.engines.assets import resolve_checkpoint
+    except ImportError as exc:
+        raise DataError(f"hf_checkpoint {name!r} is not a folder and cannot be resolved: {exc}") from exc
+    paths = getattr(args, "paths", None)
+    return resolve_checkpoint(name, getattr(paths, "cache_dir", None) if paths is not None else None)
+
+
+def import_path(dotted: str) -> Any:
+    """Import `pkg.mod.name`; a failure names the path and the underlying error."""
+    module, _, name = dotted.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise DataError(f"cannot import {dotted!r}: {type(exc).__name__}: {exc}") from exc
+
+
+def kwargs_from_args(args: Any) -> dict[str, Any]:
+    """Constructor keywords from a slime-style args namespace."""
+    get = lambda name, default=None: getattr(args, name, default)  # noqa: E731
+    apply_ct = bool(get("apply_chat_template", False))
+    max_len = get("rollout_max_prompt_len")
+    tokenizer = tokenizer_from_args(args) if apply_ct or max_len is not None else None
+    kwargs = get("apply_chat_template_kwargs") or {}
+    if isinstance(kwargs, str):
+        kwargs = json.loads(kwargs)
+    save, load = get("save"), get("load")
+    return {
+        "path": get("prompt_data"), "n_samples_per_prompt": get("n_samples_per_prompt"),
+        "seed": get("rollout_seed", 42), "shuffle": bool(get("rollout_shuffle", False)),
+        "input_key": get("input_key", "input"), "label_key": get("label_key"),
+        "metadata_key": get("metadata_key", "metadata"), "tool_key": get("tool_key", "tools"),
+        "apply_chat_template": apply_ct, "apply_chat_template_kwargs": dict(kwargs),
+        "tokenizer": tokenizer, "max_prompt_len": max_len,
+        "save_dir": os.path.join(save, "rollout") if save else None,
+        "load_dir": os.path.join(load, "rollout") if load else None,
+        "buffer_filter_path": get("buffer_filter_path"),
+    }

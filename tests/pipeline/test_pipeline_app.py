@@ -1,0 +1,67 @@
+"""pipeline.app.run in-process on composed configs: sinks lifecycle, failures, resume errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from pipeline.app import run
+from pipeline.sinks.jsonl import read_metrics
+from tests.pipeline import fakes
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+
+
+def _cfg(tmp_path: Path, *extra: str):
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"input": f"What is {i} + 1?", "label": str(i + 1)}) + "\n" for i in range(20)))
+    overrides = [f"paths.output_dir={tmp_path}/run", f"data_source.path={data}", "rollout_batch_size=2",
+                 "n_samples_per_prompt=2", "num_rollout=3", "allowed_targets_extra=[tests.]", "rollout=function",
+                 "engine=scripted",
+                 "rollout.path=tests.pipeline.slime_plugins.generate_rollout", "logger=jsonl", "~logger.keys",
+                 "logger._target_=tests.pipeline.fakes.RecordingSink", *extra]
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="config", overrides=overrides)
+
+
+@pytest.mark.timeout(60)
+def test_run_logs_every_step_to_sinks_and_finishes(tmp_path):
+    last = run(_cfg(tmp_path))
+    kinds = [e[0] for e in fakes.EVENTS]
+    assert kinds == ["start", "log", "log", "log", "finish"]
+    start = fakes.EVENTS[0][1]
+    assert start["run_dir"] == str(tmp_path / "run") and start["group"] is None and start["resume"] is False
+    assert start["config"]["rollout_batch_size"] == 2 and "hydra" not in start["config"]
+    assert [e[1][0] for e in fakes.EVENTS if e[0] == "log"] == [0, 1, 2]
+    assert fakes.EVENTS[-1] == ("finish", 0)
+    rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert last == {k: v for k, v in rows[-1].items() if k != "step"} == fakes.EVENTS[3][1][1]
+
+
+@pytest.mark.timeout(60)
+def test_failure_still_finishes_sinks_marked_failed(tmp_path):
+    with pytest.raises(RuntimeError, match="boom at rollout 1"):
+        run(_cfg(tmp_path, "rollout.path=tests.pipeline.fakes.failing_rollout"))
+    assert fakes.EVENTS[-1] == ("finish", 1)
+    assert [r["step"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl")] == [0]
+
+
+@pytest.mark.timeout(60)
+def test_resume_without_checkpoint_is_a_clear_error(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="resume: no valid checkpoint in .*empty/checkpoints"):
+        run(_cfg(tmp_path, f"resume={tmp_path}/empty"))
+
+
+@pytest.mark.timeout(60)
+def test_resume_continues_in_the_same_run_dir(tmp_path):
+    run(_cfg(tmp_path, "num_rollout=2"))
+    run(_cfg(tmp_path, "num_rollout=4", f"resume={tmp_path}/run", f"paths.output_dir={tmp_path}/elsewhere"))
+    assert fakes.EVENTS[0][1]["resume"] is True
+    assert [e[1][0] for e in fakes.EVENTS if e[0] == "log"] == [2, 3]
+    assert [r["step"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl")] == [0, 1, 2, 3]
+    assert not (tmp_path / "elsewhere" / "metrics.jsonl").exists()
