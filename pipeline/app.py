@@ -13,6 +13,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from pipeline.config import SlimeArgs, allowed_targets, build, load_object, to_plain, validate
+from pipeline.logging_setup import RunProgress, configure_console, progress_logger
 from pipeline.runner import Pipeline, Schedule
 from pipeline.sinks.jsonl import MetricsJsonl
 from pipeline.stages import StageParts
@@ -65,6 +66,7 @@ def _accepts(obj: Any, name: str) -> bool:
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Validate `cfg`, build every part, run the rollouts; returns the last step's metrics."""
+    configure_console()
     validate(cfg)
     plain = to_plain(cfg)
     plain.pop("hydra", None)
@@ -85,9 +87,19 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         if sink is not None:
             sinks.append(sink)  # finished (and torn down) even when start fails half-way
             sink.start(run_dir=run_dir, name=name, group=group, config=plain, resume=bool(resume))
-        pipeline = Pipeline(parts=parts, schedule=schedule, metrics_file=metrics_file, eval_fn=eval_fn, sinks=sinks)
-        logger.info("run dir %s: rollouts %d..%d", run_dir, schedule.start_rollout_id, schedule.num_rollout - 1)
+        progress = RunProgress(schedule.num_rollout, run_dir)
+        pipeline = Pipeline(parts=parts, schedule=schedule, metrics_file=metrics_file, eval_fn=eval_fn, sinks=sinks,
+                            progress=progress)
+        if schedule.start_rollout_id >= schedule.num_rollout:
+            logger.warning("nothing to run: rollouts start at %d but num_rollout=%d; to continue a finished run, "
+                           "pass a larger num_rollout (e.g. num_rollout=%d)", schedule.start_rollout_id,
+                           schedule.num_rollout, schedule.start_rollout_id + schedule.num_rollout)
+        else:
+            progress_logger.info("run dir %s: rollouts %d..%d", run_dir, schedule.start_rollout_id,
+                                 schedule.num_rollout - 1)
         result = pipeline.run()
+        if progress.rows:
+            progress_logger.info("%s", progress.summary())
         exit_code = 0
         return result
     finally:

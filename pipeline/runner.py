@@ -48,6 +48,8 @@ class Pipeline:
     metrics_file: MetricsJsonl
     eval_fn: Callable[..., Any] | None = None
     sinks: list[Any] = field(default_factory=list)
+    # console progress (`pipeline.logging_setup.RunProgress`): `step(rollout_id, metrics)` per rollout
+    progress: Any = None
     stages: tuple[tuple[str, Callable[[RolloutContext, StageParts], None]], ...] = STAGES
 
     def run(self) -> dict[str, Any]:
@@ -111,3 +113,5 @@ class Pipeline:
         self.metrics_file.log(step, metrics)
         for sink in self.sinks:
             sink.log(step, metrics)
+        if self.progress is not None:
+            self.progress.step(step, metrics)

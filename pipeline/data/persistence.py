@@ -9,6 +9,7 @@ from typing import Any
 
 from pipeline.data import checkpoint as ckpt
 from pipeline.data.errors import CheckpointError, DataFingerprintMismatch
+from pipeline.data.sample_codec import gc_paused
 
 __all__ = ["CheckpointMixin", "STATE_FORMAT"]
 
@@ -77,7 +78,8 @@ class CheckpointMixin:
         if self.save_dir is None:
             raise CheckpointError("save: no save_dir configured for the data source")
         path = ckpt.checkpoint_path(self.save_dir, rollout_id)
-        ckpt.write_checkpoint(path, {**self.state_dict(), "rollout_id": int(rollout_id)})
+        with gc_paused():
+            ckpt.write_checkpoint(path, {**self.state_dict(), "rollout_id": int(rollout_id)})
         ckpt.prune_checkpoints(self.save_dir, self.keep_checkpoints)
         logger.info("saved data-source state to %s", path)
         return path
@@ -92,12 +94,16 @@ class CheckpointMixin:
         directory = self.load_dir or self.save_dir
         if directory is None:
             return None
+        with gc_paused():  # parse + decode build many objects; one GC pass afterwards
+            return self._load_from(Path(directory), rollout_id)
+
+    def _load_from(self, directory: Path, rollout_id: int | None) -> int | None:
         if rollout_id is not None:
             path = ckpt.checkpoint_path(directory, rollout_id)
             if path.is_file():
                 self.load_state_dict(ckpt.read_checkpoint(path), source=str(path), copy_state=False)
                 return int(rollout_id)
-            slime = Path(directory) / f"global_dataset_state_dict_{int(rollout_id)}.pt"
+            slime = directory / f"global_dataset_state_dict_{int(rollout_id)}.pt"
             if slime.is_file():
                 self._load_slime(slime)
                 return int(rollout_id)

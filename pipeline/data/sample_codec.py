@@ -9,9 +9,11 @@ extra attributes per sample. Decoding builds fresh `Sample` objects.
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import gc
 import operator
+from collections.abc import Iterator
 from itertools import chain
 from typing import Any
 
@@ -20,7 +22,20 @@ import numpy as np
 from pipeline.data.errors import CheckpointError
 from pipeline.sample import Sample
 
-__all__ = ["encode_groups", "decode_groups"]
+__all__ = ["encode_groups", "decode_groups", "gc_paused"]
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic GC (re-entrant): building millions of small objects would otherwise
+    trigger generational passes over the whole heap again and again."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
 
 _ARRAYS = {"tokens": int, "loss_mask": int, "rollout_log_probs": float}
 _FIELDS = tuple(f for f in Sample.__dataclass_fields__ if f not in _ARRAYS)
@@ -138,9 +153,7 @@ def _column(dicts: list[dict[str, Any]], name: str, default: Any) -> list[Any]:
 
 def encode_groups(groups: list[list[Any]]) -> dict[str, Any]:
     """JSON-able, lossless encoding of groups of samples (ours or slime's)."""
-    gc_was_on = gc.isenabled()
-    gc.disable()  # millions of small objects: generational GC passes would dominate
-    try:
+    with gc_paused():
         dicts = [s.__dict__ if type(s) is Sample else _sample_dict(s) for g in groups for s in g]
         out: dict[str, Any] = {"group_sizes": [len(g) for g in groups], "columns": {}, "arrays": {}}
         for name, kind in _ARRAYS.items():
@@ -161,9 +174,6 @@ def encode_groups(groups: list[list[Any]]) -> dict[str, Any]:
                   for i, d in enumerate(dicts) if len(d) != len(fields)]
         out["extras"] = [e for e in extras if e[1]]
         return out
-    finally:
-        if gc_was_on:
-            gc.enable()
 
 
 _STATUS = {s.value: s for s in Sample.Status}
@@ -171,9 +181,7 @@ _STATUS = {s.value: s for s in Sample.Status}
 
 def decode_groups(enc: dict[str, Any]) -> list[list[Sample]]:
     """Inverse of `encode_groups`: fresh `Sample` objects, extra attributes restored."""
-    gc_was_on = gc.isenabled()
-    gc.disable()
-    try:
+    with gc_paused():
         total = sum(enc["group_sizes"])
         columns = {name: _decode_column(col, total) for name, col in enc["columns"].items()}
         for name, arr in enc["arrays"].items():
@@ -196,6 +204,3 @@ def decode_groups(enc: dict[str, Any]) -> list[list[Sample]]:
             groups.append(samples[pos:pos + size])
             pos += size
         return groups
-    finally:
-        if gc_was_on:
-            gc.enable()

@@ -5,6 +5,13 @@ background thread owns the model and runs `DecodeBatch` steps; requests join the
 between decode steps (up to `max_batch_size` rows), so a request submitted mid-generation does
 not wait for the batch to drain. `abort_all()` finishes every row submitted before it with
 finish_reason "abort" and the tokens generated so far, at the next step boundary.
+
+Output ids include the EOS / stop token that ended a row; the text is decoded with
+`skip_special_tokens=True` and keeps a matched stop string (SGLang's `no_stop_trim`), so text
+and ids agree. Log-probs: see `pipeline.engines.hf_decode` (log-softmax at temperature).
+Per-request seeds drive a per-row `torch.Generator`, so a seeded request samples the same tokens
+alone or in any batch (up to float rounding differences from padding). Supported models: those
+whose cache is a plain `DynamicCache` of full-attention layers (Llama, Qwen2, Mistral, ...).
 """
 
 from __future__ import annotations
@@ -120,7 +127,10 @@ class HFEngine:
         future: asyncio.Future[Row] = loop.create_future()
 
         def done(row: Row) -> None:
-            loop.call_soon_threadsafe(_resolve, future, row)
+            try:
+                loop.call_soon_threadsafe(_resolve, future, row)
+            except RuntimeError:  # the caller's loop is closed: nobody waits for this row
+                pass
 
         row = self._make_row(request, done)
         with self._cv:

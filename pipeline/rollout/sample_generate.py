@@ -30,6 +30,7 @@ __all__ = [
     "sampling_params_from_args",
     "to_engine_params",
     "encode_prompt",
+    "encode_prompts",
     "sample_seed",
     "reset_sample",
     "is_finished",
@@ -119,6 +120,20 @@ def encode_prompt(tokenizer: Any, prompt: str | list[dict[str, Any]], tools: Any
     if isinstance(prompt, list):
         prompt = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True, tools=tools)
     return list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+
+
+def encode_prompts(tokenizer: Any, samples: list[Sample]) -> None:
+    """Fill `tokens` of fresh samples in one batched tokenizer call, so a whole fetch reaches the
+    engine in the same instant (staggered submissions make a batching engine decode in more,
+    smaller steps)."""
+    todo = [s for s in samples if not s.tokens and not s.response_length]
+    if not todo or tokenizer is None:
+        return
+    texts = [s.prompt if isinstance(s.prompt, str) else tokenizer.apply_chat_template(
+        s.prompt, tokenize=False, add_generation_prompt=True, tools=s.metadata.get("tools"))
+        for s in todo]
+    for s, ids in zip(todo, tokenizer(texts, add_special_tokens=False)["input_ids"]):
+        s.tokens = list(ids)
 
 
 def sample_seed(seed: int, group_index: int | None, position: int) -> int:

@@ -23,9 +23,9 @@ from typing import Any
 from pipeline.rollout.contracts import RolloutFnTrainOutput, as_filter_output
 from pipeline.rollout.rollout_report import Progress, format_summary
 from pipeline.rollout.sample_generate import (
-    GenContext, bind, call_custom_generate, default_generate, is_finished, load_generate_fn, reset_sample,
-    resolve_tokenizer,
-    sample_seed, sampling_params_from_args, snapshot,
+    GenContext, bind, call_custom_generate, default_generate, encode_prompts, is_finished,
+    load_generate_fn, reset_sample, resolve_tokenizer, sample_seed, sampling_params_from_args,
+    snapshot,
 )
 from pipeline.sample import Sample
 
@@ -143,6 +143,8 @@ class TrainRun:
                                    f"when asked for {k}")
             self.count["fetch_rounds"] += 1
             self.count["groups_fetched"] += len(groups)
+            encode_prompts(self.ctx.tokenizer, [s for g in groups for s in g
+                                                if isinstance(s, Sample) and not is_finished(s)])
             for group in groups:
                 flight = _Flight(self.next_order, list(group))
                 self.next_order += 1

@@ -64,4 +64,4 @@ class SweepSummary(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         """Summarise every job dir under hydra.sweep.dir."""
         path = summarize_sweep(config.hydra.sweep.dir)
-        logger.info("sweep summary: %s", path)
+        logger.info("sweep summary: %s; plots: python -m pipeline.report %s", path, config.hydra.sweep.dir)

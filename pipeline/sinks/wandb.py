@@ -41,6 +41,9 @@ class WandbSink:
             project=self.project, entity=self.entity, name=name, group=group, tags=self.tags,
             notes=self.notes, config=config, dir=run_dir, mode=mode, id=run_id,
             resume="allow" if run_id else None, reinit="finish_previous",
+            # no wandb banners / run summaries on the console (the run's summary table says
+            # where the offline run is); WANDB_SILENT=false brings them back
+            settings=wandb.Settings(silent=os.environ.get("WANDB_SILENT", "true").lower() != "false"),
         )
         id_file.write_text(self.run.id)
 

@@ -37,6 +37,8 @@ def rollout_metrics(args: Any, samples: list[Any], rollout_time: float) -> dict[
         "rollout/response_len/max": float(max(lengths)),
         "rollout/response_len/min": float(min(lengths)),
         "rollout/raw_reward": statistics.fmean(raw),
+        # fraction of samples with raw reward > 0 (the report's and the progress line's pass rate)
+        "rollout/pass_rate": sum(r > 0 for r in raw) / len(raw),
         "rollout/truncated_ratio": sum(
             str(getattr(s.status, "value", s.status)) == truncated for s in samples) / len(samples),
         "rollout/num_samples": float(len(samples)),

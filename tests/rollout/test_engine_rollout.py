@@ -227,3 +227,25 @@ def test_engine_error_propagates_and_cancels(make_rollout, make_source):
 
     with pytest.raises(RuntimeError, match="replica exploded"):
         make_rollout(Broken(token_delay=0.001))(make_args(rollout_batch_size=2), 0, make_source(buffered=False))
+
+
+def test_message_prompts_are_rendered_with_the_chat_template(make_rollout, tokenizer):
+    class MessageSource:
+        def __init__(self) -> None:
+            self.i = 0
+
+        def get_samples(self, k: int) -> list[list[Sample]]:
+            out = []
+            for _ in range(k):
+                msgs = [{"role": "user", "content": f"What is {self.i} + 1?"}]
+                out.append([Sample(group_index=self.i, index=2 * self.i + j, prompt=list(msgs),
+                                   label=str(self.i + 1)) for j in range(2)])
+                self.i += 1
+            return out
+
+    out = make_rollout()(make_args(rollout_batch_size=2), 0, MessageSource())
+    for group in out.samples:
+        s = group[0]
+        rendered = tokenizer.apply_chat_template(s.prompt, tokenize=False)
+        assert tokenizer.decode(s.tokens).startswith(rendered)
+        assert s.response and s.reward is not None

@@ -1,0 +1,117 @@
+"""Console output of a run: one progress line per rollout, a summary table at the end, warnings.
+
+Hydra sends every log record to the console and to `<run dir>/run.log`. `configure_console`
+keeps the file complete (INFO and up from every logger) and trims the console to the lines a
+user reads while a run goes: the `pipeline.progress` logger at INFO, anything at WARNING and up,
+and third-party libraries (Ray, httpx, transformers, urllib3, wandb, ...) at WARNING only.
+`hydra.verbose=true` (root logger at DEBUG) turns the trimming off.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["NOISY_LOGGERS", "PROGRESS_LOGGER", "ConsoleFilter", "RunProgress", "configure_console"]
+
+# libraries whose INFO records are noise on a rollout console (still at WARNING and up)
+NOISY_LOGGERS = ("ray", "httpx", "httpcore", "transformers", "urllib3", "wandb", "filelock", "datasets",
+                 "huggingface_hub", "asyncio", "accelerate", "fsspec", "matplotlib", "safetensors", "torch")
+# the logger whose INFO lines the console shows
+PROGRESS_LOGGER = "pipeline.progress"
+# name Hydra's job_logging gives its console handler (dictConfig sets handler.name)
+_CONSOLE_HANDLER = "console"
+
+progress_logger = logging.getLogger(PROGRESS_LOGGER)
+
+
+class ConsoleFilter(logging.Filter):
+    """Pass WARNING and up from any logger, and INFO from `pipeline.progress`."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """True when the record belongs on the console."""
+        return record.levelno >= logging.WARNING or record.name.startswith(PROGRESS_LOGGER)
+
+
+class _ConsoleFormatter(logging.Formatter):
+    """Progress lines as they are; other records as `WARNING [logger] message`."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        if record.name.startswith(PROGRESS_LOGGER) and record.levelno < logging.WARNING:
+            return record.getMessage()
+        self._style._fmt = "%(levelname)s [%(name)s] %(message)s"
+        return super().format(record)
+
+
+def configure_console() -> None:
+    """Quiet third-party loggers; filter and reformat Hydra's console handler (idempotent).
+
+    Handlers other than Hydra's `console` (run.log, pytest's capture) are left alone.
+    """
+    for name in NOISY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+    root = logging.getLogger()
+    if root.getEffectiveLevel() <= logging.DEBUG:
+        return
+    for handler in root.handlers:
+        if handler.get_name() == _CONSOLE_HANDLER and not any(isinstance(f, ConsoleFilter) for f in handler.filters):
+            handler.addFilter(ConsoleFilter())
+            handler.setFormatter(_ConsoleFormatter())
+
+
+def _num(metrics: dict[str, Any], key: str) -> float | None:
+    v = metrics.get(key)
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+
+
+def _cell(v: float | None, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+# (column header, metric key, format) of the progress line and the summary table
+_COLUMNS = (("reward", "rollout/raw_reward", ".3f"), ("pass", "rollout/pass_rate", ".0%"),
+            ("len", "rollout/response_len/mean", ".1f"), ("dropped", "rollout/groups_dropped", ".0f"),
+            ("buffer", "rollout/buffer_size", ".0f"), ("time s", "perf/rollout_time", ".2f"))
+
+# rows of the end-of-run table (the newest rollouts)
+_MAX_ROWS = 12
+
+
+class RunProgress:
+    """Logs one line per finished rollout and, at the end, a table of the rollouts of this run."""
+
+    def __init__(self, num_rollout: int, run_dir: str) -> None:
+        self.num_rollout = num_rollout
+        self.run_dir = run_dir
+        self.rows: list[tuple[int, dict[str, Any]]] = []
+        self._start = time.perf_counter()
+
+    def step(self, rollout_id: int, metrics: dict[str, Any]) -> None:
+        """The progress line of `rollout_id` (eval/<name> values appended when present)."""
+        self.rows.append((rollout_id, metrics))
+        width = len(str(self.num_rollout - 1))
+        parts = [f"rollout {rollout_id:>{width}} of 0..{self.num_rollout - 1}"]
+        parts += [f"{name} {_cell(_num(metrics, key), fmt)}" for name, key, fmt in _COLUMNS]
+        parts += [f"{k} {v:.3f}" for k, v in sorted(metrics.items())
+                  if k.startswith("eval/") and "-" not in k and isinstance(v, float)]
+        progress_logger.info(" | ".join(parts))
+
+    def summary(self) -> str:
+        """A Markdown-style table of every rollout logged, then the run dir and what to do next."""
+        header = ["rollout"] + [name for name, _, _ in _COLUMNS]
+        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        if len(self.rows) > _MAX_ROWS:
+            lines.append(f"| ({len(self.rows) - _MAX_ROWS} earlier rollouts: see metrics.jsonl) |" + " |" * len(_COLUMNS))
+        for rollout_id, m in self.rows[-_MAX_ROWS:]:
+            lines.append("| " + " | ".join([str(rollout_id)] + [_cell(_num(m, k), f) for _, k, f in _COLUMNS]) + " |")
+        rewards = [r for _, m in self.rows if (r := _num(m, "rollout/raw_reward")) is not None]
+        mean = f"mean reward {sum(rewards) / len(rewards):.3f}, " if rewards else ""
+        lines += ["", f"{len(self.rows)} rollouts, {mean}{time.perf_counter() - self._start:.1f} s. "
+                      f"Run dir: {self.run_dir} (full log: run.log)",
+                  f"Plots: python -m pipeline.report {self.run_dir}"]
+        if any(Path(self.run_dir, "wandb").glob("offline-run-*")):
+            lines.append(f"Upload to wandb: wandb sync {self.run_dir}/wandb/offline-run-*")
+        return "\n".join(lines)
