@@ -1,0 +1,130 @@
+"""The README's tour (docs/readme_parts/tour.md) runs as written, in order, with small sizes; the
+config-groups table (docs/config_groups.md) is exactly what `conf/` generates."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.config_docs import OUTPUTS, describe, render
+
+ROOT = Path(__file__).resolve().parents[1]
+TOUR = ROOT / "docs" / "readme_parts" / "tour.md"
+# appended to every `python run.py` command unless it sets the key itself: no model, tiny sizes
+SMALL = {"engine": "scripted", "num_rollout": "2", "rollout_batch_size": "2", "n_samples_per_prompt": "2"}
+EXAMPLE_DIR = re.compile(r"outputs/(runs|multirun)/[^\s/]+")
+
+
+def tour_commands() -> list[str]:
+    """The commands of the ```bash blocks of the tour, in order (one per non-comment line)."""
+    blocks = re.findall(r"```bash\n(.*?)```", TOUR.read_text(encoding="utf-8"), flags=re.S)
+    return [line.strip() for b in blocks for line in b.splitlines() if line.strip() and not line.startswith("#")]
+
+
+class Tour:
+    """Runs tour commands, filling in the example run/sweep dirs with the ones the tour made."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.latest = {"runs": None, "multirun": None}
+        self.bound: dict[str, str] = {}
+        self.env = {**os.environ, "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "disabled"}
+
+    def fill(self, command: str) -> str:
+        """Replace an example dir (outputs/runs/<time>) by the latest dir of that kind the tour made."""
+        def sub(m: re.Match) -> str:
+            if m.group(0) not in self.bound:
+                assert self.latest[m.group(1)], f"{m.group(0)} is used before the tour made a dir of that kind"
+                self.bound[m.group(0)] = str(self.latest[m.group(1)])
+            return self.bound[m.group(0)]
+        return EXAMPLE_DIR.sub(sub, command)
+
+    def run(self, i: int, command: str) -> subprocess.CompletedProcess:
+        argv = shlex.split(self.fill(command))
+        if argv[:2] == ["python", "run.py"]:
+            given = {a.split("=", 1)[0] for a in argv[2:] if "=" in a}
+            argv += [f"{k}={v}" for k, v in SMALL.items() if k not in given]
+            kind = "multirun" if "-m" in argv else "runs"
+            out = self.tmp / f"{kind}_{i}"
+            argv.append(f"hydra.{'sweep' if kind == 'multirun' else 'run'}.dir={out}")
+            if not any(a.startswith("resume=") for a in argv):
+                self.latest[kind] = out
+        elif argv[0] == "wandb" and argv[1] == "sync":
+            return self._check_wandb_sync(argv[2:])
+        if argv[0] == "python":
+            argv[0] = sys.executable
+        proc = subprocess.run(argv, cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, f"{command}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        return proc
+
+    def _check_wandb_sync(self, patterns: list[str]) -> subprocess.CompletedProcess:
+        """No account here: the paths must be offline wandb runs that `wandb sync` accepts."""
+        dirs = [d for p in patterns for d in glob.glob(p)]
+        assert dirs, f"wandb sync: {patterns} matches nothing"
+        assert all(glob.glob(os.path.join(d, "run-*.wandb")) for d in dirs), dirs
+        wandb = shutil.which("wandb", path=str(Path(sys.executable).parent))
+        assert wandb, "the wandb command is not installed in the virtualenv"
+        return subprocess.CompletedProcess(patterns, 0, "", "")
+
+
+def steps(run_dir: Path) -> list[int]:
+    return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.timeout(600)
+def test_tour_commands_run_in_order(tmp_path):
+    commands = tour_commands()
+    assert commands[0] == "python run.py experiment=smoke" and len(commands) >= 7, commands
+    assert any(c.startswith("python run.py resume=") for c in commands)
+    assert any(c.startswith("wandb sync") for c in commands)
+    tour = Tour(tmp_path)
+    for i, command in enumerate(commands):
+        proc = tour.run(i, command)
+        if command.startswith("python run.py") and " -m " not in command:
+            assert re.search(r"^rollout \d+ of 0\.\.\d+ \| reward", proc.stdout, flags=re.M), proc.stdout[-2000:]
+            assert "| rollout | reward |" in proc.stdout  # the end-of-run summary table
+            assert "INFO" not in proc.stdout, "library or pipeline INFO records leaked onto the console"
+        if command.startswith("python run.py resume="):
+            resumed = Path(tour.bound[EXAMPLE_DIR.search(command).group(0)])
+            n = int(re.search(r"num_rollout=(\d+)", command).group(1))
+            assert steps(resumed) == list(range(n))
+        if " -m " in command:
+            sweep = tour.latest["multirun"]
+            jobs = sorted(p.parent.name for p in sweep.glob("*/metrics.jsonl"))
+            assert len(jobs) == 6 and (sweep / "summary.md").exists()
+        if command.startswith("python -m pipeline.report"):
+            out = Path(tour.fill(command).split()[-1]) / "report"
+            assert (out / "sweep.png").stat().st_size > 10_000
+            assert "n_samples_per_prompt" in (out / "report.md").read_text()
+
+
+def test_config_groups_doc_matches_conf():
+    text = render()
+    for rel in OUTPUTS:
+        assert (ROOT / rel).read_text(encoding="utf-8") == text, f"{rel} is stale: run `python -m pipeline.config_docs`"
+    for group in (ROOT / "conf").iterdir():
+        if group.is_dir() and group.name != "hydra":
+            for option in group.glob("*.yaml"):
+                assert f"| `{group.name}` | " in text and option.stem in text
+
+
+def test_config_docs_follow_a_changed_conf(tmp_path):
+    conf = tmp_path / "conf"
+    shutil.copytree(ROOT / "conf", conf)
+    (conf / "filter" / "lifo.yaml").write_text("# Newest groups first.\npath: mypkg.lifo\n")
+    assert "| `filter` | lifo | Newest groups first. |" in render(conf)
+    assert "| `filter` | lifo |" not in render()
+    (conf / "filter" / "bare.yaml").write_text("path: mypkg.bare\n")
+    with pytest.raises(ValueError, match="bare.yaml: no comment"):
+        render(conf)
+    (conf / "x.yaml").write_text("# a | b <c>\n")
+    assert describe(conf / "x.yaml") == "a \\| b &lt;c&gt;"
