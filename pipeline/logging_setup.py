@@ -3,7 +3,8 @@
 Hydra sends every log record to the console and to `<run dir>/run.log`. `configure_console`
 keeps the file complete (INFO and up from every logger) and trims the console to the lines a
 user reads while a run goes: the `pipeline.progress` logger at INFO, anything at WARNING and up,
-and third-party libraries (Ray, httpx, transformers, urllib3, wandb, ...) at WARNING only.
+and third-party libraries (Ray, httpx, transformers, urllib3, wandb, ...) at WARNING only
+(their download / weight-loading progress bars off).
 `hydra.verbose=true` (root logger at DEBUG) turns the trimming off.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -53,6 +55,9 @@ def configure_console() -> None:
     """
     for name in NOISY_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
+    # transformers' / huggingface_hub's "Loading weights" bars (read when they are imported);
+    # HF_HUB_DISABLE_PROGRESS_BARS=0 brings them back
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     root = logging.getLogger()
     if root.getEffectiveLevel() <= logging.DEBUG:
         return

@@ -128,3 +128,20 @@ def test_config_docs_follow_a_changed_conf(tmp_path):
         render(conf)
     (conf / "x.yaml").write_text("# a | b <c>\n")
     assert describe(conf / "x.yaml") == "a \\| b &lt;c&gt;"
+
+
+@pytest.mark.timeout(240)
+def test_plugin_commands_run(tmp_path):
+    text = (ROOT / "docs" / "readme_parts" / "plugins.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```bash\n(.*?)```", text, flags=re.S)
+    commands = [b.replace("\\\n", " ").strip() for b in blocks]
+    assert len(commands) == 2 and all(c.startswith("python run.py experiment=smoke") for c in commands)
+    for i, command in enumerate(commands):
+        run_dir = tmp_path / str(i)
+        argv = [sys.executable] + shlex.split(command)[1:] + [f"hydra.run.dir={run_dir}"]
+        proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=200,
+                              env={**os.environ, "WANDB_MODE": "offline"})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert steps(run_dir) == [0, 1]
+        config = (run_dir / ".hydra" / "config.yaml").read_text()
+        assert "examples." in config  # the example plugins were really selected

@@ -94,7 +94,7 @@ class CheckpointMixin:
         directory = self.load_dir or self.save_dir
         if directory is None:
             return None
-        with gc_paused():  # parse + decode build many objects; one GC pass afterwards
+        with gc_paused(promote=True):  # parse + decode build many long-lived objects
             return self._load_from(Path(directory), rollout_id)
 
     def _load_from(self, directory: Path, rollout_id: int | None) -> int | None:

@@ -159,7 +159,15 @@ class JsonLinesStore:
         return json.loads(self._data[self._starts[i]:self._ends[i]])
 
     def rows(self, positions: np.ndarray) -> list[Any]:
-        return [json.loads(b) for b in self.raw_rows(positions)]
+        raw = self.raw_rows(positions)
+        if len(raw) > 1:
+            try:  # one parse for the batch; a bad row falls through to the per-row parse
+                rows = json.loads(b"[" + b",".join(raw) + b"]")
+                if len(rows) == len(raw):
+                    return rows
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                pass
+        return [json.loads(b) for b in raw]
 
     def where(self, i: int) -> str:
         return f"{self.path} line {int(self._line_no[i])}"

@@ -8,13 +8,14 @@ extra attributes per sample. Decoding builds fresh `Sample` objects.
 
 from __future__ import annotations
 
+import array
 import base64
 import contextlib
 import dataclasses
 import gc
 import operator
 from collections.abc import Iterator
-from itertools import chain
+from itertools import chain, repeat
 from typing import Any
 
 import numpy as np
@@ -26,16 +27,27 @@ __all__ = ["encode_groups", "decode_groups", "gc_paused"]
 
 
 @contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
+def gc_paused(promote: bool = False) -> Iterator[None]:
     """Pause the cyclic GC (re-entrant): building millions of small objects would otherwise
-    trigger generational passes over the whole heap again and again."""
+    trigger generational passes over the whole heap again and again.
+
+    With `promote`, the outermost pause ends by moving every tracked object into the oldest
+    generation (`gc.freeze()` + `gc.unfreeze()`, a list splice): the objects just built are
+    long-lived (a decoded buffer), and re-enabling the GC would otherwise traverse them three
+    times in a row (young, middle, then a full pass). Skipped when something else has frozen
+    objects, so their freeze is left alone.
+    """
     was_on = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
         if was_on:
+            if promote and gc.get_freeze_count() == 0:
+                gc.freeze()
+                gc.unfreeze()
             gc.enable()
+
 
 _ARRAYS = {"tokens": int, "loss_mask": int, "rollout_log_probs": float}
 _FIELDS = tuple(f for f in Sample.__dataclass_fields__ if f not in _ARRAYS)
@@ -71,6 +83,32 @@ def _smallest_int(arr: np.ndarray) -> np.ndarray:
     return arr.astype("<i8")
 
 
+def _flat_numbers(present: list[list[Any]], kind: type) -> np.ndarray | None:
+    """All values of `present` concatenated as a numpy array, or None when not all numbers.
+
+    Ints: bytes() when every value fits a byte (loss masks), else a C `long long` array;
+    floats (ints allowed) as a C double array. Both convert in C, with no per-value Python.
+    """
+    flat = list(chain.from_iterable(present))
+    if kind is int:
+        try:
+            return np.frombuffer(bytes(flat), dtype="<u1")
+        except (TypeError, ValueError):
+            pass
+        try:
+            return _smallest_int(np.frombuffer(array.array("q", flat), dtype=np.int64))
+        except (TypeError, OverflowError):
+            return None
+    try:
+        arr = np.frombuffer(array.array("d", flat), dtype=np.float64)
+    except (TypeError, OverflowError):
+        return None
+    f32 = arr.astype("<f4")
+    back = f32.astype(np.float64)
+    exact = np.array_equal(back, arr) or np.array_equal(back, arr, equal_nan=True)
+    return f32 if exact else arr.astype("<f8")
+
+
 def _encode_array(values: list[Any], kind: type) -> dict[str, Any] | None:
     """Base64 buffers for a column of `list[number] | None`, or None when not numeric.
 
@@ -81,19 +119,9 @@ def _encode_array(values: list[Any], kind: type) -> dict[str, Any] | None:
     present = [v for v in values if v is not None]
     if not set(map(type, present)) <= {list}:
         return None
-    flat = list(chain.from_iterable(present))
-    try:
-        arr = np.array(flat) if flat else np.zeros(0, dtype=np.int64 if kind is int else np.float64)
-    except (OverflowError, ValueError):
+    arr = _flat_numbers(present, kind)
+    if arr is None:
         return None
-    if arr.ndim != 1 or arr.dtype.kind not in ("iu" if kind is int else "iuf"):
-        return None
-    if kind is int:
-        arr = _smallest_int(arr)
-    else:
-        arr = arr.astype(np.float64)
-        f32 = arr.astype("<f4")
-        arr = f32 if np.array_equal(f32.astype(np.float64), arr, equal_nan=True) else arr.astype("<f8")
     if len(present) == len(values):
         lengths = _smallest_int(np.fromiter(map(len, values), np.int64, len(values)))
     else:
@@ -121,15 +149,28 @@ _SCALARS = (str, int, float, bool, type(None))
 
 
 def _encode_column(values: list[Any]) -> Any:
-    """A field column: one constant, interned strings, or the plain JSON list."""
-    if values and type(values[0]) in _SCALARS:
+    """A field column: one constant, all-empty containers, interned strings, a base64 int
+    array, or the plain JSON list."""
+    if not values:
+        return {"values": values}
+    first = values[0]
+    if type(first) in _SCALARS:
         kinds = set(map(type, values))
-        if len(kinds) == 1 and values.count(values[0]) == len(values):
-            return {"const": values[0]}
+        if len(kinds) == 1 and values.count(first) == len(values):
+            return {"const": first}
         if kinds == {str}:
             table = {v: i for i, v in enumerate(dict.fromkeys(values))}
             small = _smallest_int(np.fromiter(map(table.__getitem__, values), np.int64, len(values)))
             return {"strings": list(table), "index": _b64(small), "index_dtype": small.dtype.str}
+        if kinds == {int}:
+            try:
+                ints = _smallest_int(np.frombuffer(array.array("q", values), dtype=np.int64))
+            except OverflowError:
+                return {"values": values}
+            return {"ints": _b64(ints), "ints_dtype": ints.dtype.str}
+    elif type(first) in (list, dict) and not first and set(map(type, values)) == {type(first)} \
+            and not any(values):
+        return {"empty": "list" if type(first) is list else "dict"}  # e.g. weight_versions
     return {"values": values}
 
 
@@ -139,7 +180,11 @@ def _decode_column(enc: dict[str, Any], total: int) -> list[Any]:
     if "strings" in enc:
         strings = enc["strings"]
         idx = np.frombuffer(base64.b64decode(enc["index"]), dtype=enc["index_dtype"]).tolist()
-        return [strings[i] for i in idx]
+        return list(map(strings.__getitem__, idx))
+    if "ints" in enc:
+        return np.frombuffer(base64.b64decode(enc["ints"]), dtype=enc["ints_dtype"]).tolist()
+    if "empty" in enc:  # a fresh container per sample
+        return [[] for _ in range(total)] if enc["empty"] == "list" else [{} for _ in range(total)]
     return enc["values"]
 
 
@@ -165,8 +210,8 @@ def encode_groups(groups: list[list[Any]]) -> dict[str, Any]:
                 out["arrays"][name] = enc
         for name in _FIELDS:
             values = _column(dicts, name, _default(name))
-            if name == "status":
-                values = [getattr(v, "value", v) for v in values]
+            if name == "status":  # a Status is a str: the table maps members and strings
+                values = list(map(_STATUS_VALUE.get, values, values))
             out["columns"][name] = _encode_column(values)
         fields = Sample.__dataclass_fields__
         # a Sample's dict holds exactly its fields unless it carries extra attributes
@@ -177,30 +222,27 @@ def encode_groups(groups: list[list[Any]]) -> dict[str, Any]:
 
 
 _STATUS = {s.value: s for s in Sample.Status}
+_STATUS_VALUE = {s: s.value for s in Sample.Status}
 
 
 def decode_groups(enc: dict[str, Any]) -> list[list[Sample]]:
     """Inverse of `encode_groups`: fresh `Sample` objects, extra attributes restored."""
-    with gc_paused():
-        total = sum(enc["group_sizes"])
+    with gc_paused(promote=True):
+        sizes = enc["group_sizes"]
+        total = sum(sizes)
         columns = {name: _decode_column(col, total) for name, col in enc["columns"].items()}
         for name, arr in enc["arrays"].items():
             columns[name] = _decode_array(arr)
+        if "status" in columns:
+            columns["status"] = list(map(_STATUS.__getitem__, columns["status"]))
         names = list(columns)
-        rows = [dict(zip(names, vals)) for vals in zip(*(columns[n] for n in names))]
+        rows = list(map(dict, map(zip, repeat(names), zip(*columns.values()))))
         if len(rows) != total:
             raise CheckpointError(f"buffer encoding holds {len(rows)} samples, group sizes say {total}")
         for i, extra in enc["extras"]:
             rows[i].update(extra)
-        samples = []
-        new = object.__new__
-        for d in rows:
-            d["status"] = _STATUS[d["status"]]
-            s = new(Sample)
+        samples = list(map(object.__new__, repeat(Sample, total)))
+        for s, d in zip(samples, rows):
             s.__dict__ = d
-            samples.append(s)
-        groups, pos = [], 0
-        for size in enc["group_sizes"]:
-            groups.append(samples[pos:pos + size])
-            pos += size
-        return groups
+        ends = np.cumsum(sizes).tolist()
+        return [samples[a:b] for a, b in zip([0] + ends[:-1], ends)]

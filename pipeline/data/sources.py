@@ -9,6 +9,7 @@ with later fetches (each sample gets its own metadata/prompt/label copy).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import logging
 import os
@@ -36,12 +37,22 @@ _IMMUTABLE = (str, int, float, bool, type(None))
 _IMMUTABLE_TYPES = frozenset(_IMMUTABLE)
 
 
+# fields whose default is a fresh container (tokens, weight_versions, metadata, ...)
+_FRESH_FIELDS = frozenset(f.name for f in dataclasses.fields(Sample)
+                          if f.default_factory is not dataclasses.MISSING)
+# `_groups` fills a copy of the default `__dict__` directly when `Sample.__init__` only sets
+# fields and the fresh containers are the ones it replaces; otherwise it calls `Sample(...)`
+_FAST_INIT = _FRESH_FIELDS == {"tokens", "weight_versions", "metadata"} and not hasattr(Sample, "__post_init__")
+_TEMPLATE = dict(Sample().__dict__)
+
+
 def _copies(obj: Any, n: int) -> list[Any]:
     """`n` independent copies of a decoded JSON-like value (the first is `obj` itself)."""
-    if isinstance(obj, _IMMUTABLE):
+    cls = obj.__class__
+    if cls is str or obj is None or cls in _IMMUTABLE_TYPES:
         return [obj] * n
-    if isinstance(obj, dict) and set(map(type, obj.values())) <= _IMMUTABLE_TYPES:
-        return [obj] + [dict(obj) for _ in range(n - 1)]
+    if cls is dict and set(map(type, obj.values())) <= _IMMUTABLE_TYPES:
+        return [obj, *map(dict.copy, [obj] * (n - 1))]
     try:
         text = json.dumps(obj)
         return [obj] + [json.loads(text) for _ in range(n - 1)]
@@ -162,17 +173,36 @@ class PlainDataSource(CheckpointMixin):
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
     def _groups(self, ks: np.ndarray) -> list[list[Sample]]:
-        """Fresh groups for kept-prompt positions `ks`; advances the global counters."""
+        """Fresh groups for kept-prompt positions `ks`; advances the global counters.
+
+        Samples are built from a template of the immutable defaults (`object.__new__` plus a
+        fresh `__dict__`, as `Sample(...)` would set it), each with its own default containers
+        and its own prompt/label/metadata copy.
+        """
         n = self.n_samples_per_prompt
-        out = []
         gi, idx = self.sample_group_index, self.sample_index
-        for prompt, label, meta in self.dataset.fields_many(ks):
-            prompts, labels, metas = _copies(prompt, n), _copies(label, n), _copies(meta, n)
-            out.append([Sample(group_index=gi, index=idx + j, prompt=prompts[j], label=labels[j],
-                               metadata=metas[j]) for j in range(n)])
-            gi += 1
-            idx += n
-        self.sample_group_index, self.sample_index = gi, idx
+        fields = self.dataset.fields_many(ks)
+        if not _FAST_INIT:
+            out = []
+            for k, (prompt, label, meta) in enumerate(fields):
+                prompts, labels, metas = _copies(prompt, n), _copies(label, n), _copies(meta, n)
+                out.append([Sample(group_index=gi + k, index=idx + k * n + j, prompt=prompts[j],
+                                   label=labels[j], metadata=metas[j]) for j in range(n)])
+        else:
+            template, new, out = _TEMPLATE, object.__new__, []
+            for k, (prompt, label, meta) in enumerate(fields):
+                prompts, labels, metas = _copies(prompt, n), _copies(label, n), _copies(meta, n)
+                group, first = [], idx + k * n
+                for j in range(n):
+                    d = template.copy()
+                    d["group_index"], d["index"] = gi + k, first + j
+                    d["prompt"], d["label"], d["metadata"] = prompts[j], labels[j], metas[j]
+                    d["tokens"], d["weight_versions"] = [], []
+                    sample = new(Sample)
+                    sample.__dict__ = d
+                    group.append(sample)
+                out.append(group)
+        self.sample_group_index, self.sample_index = gi + len(fields), idx + len(fields) * n
         return out
 
     def _check_num(self, num_groups: Any) -> int:

@@ -62,5 +62,5 @@ def write_report(path: str | Path, out_dir: str | Path | None = None, over: list
     _write_text(md, "\n".join(lines) + "\n")
     js = out / "report.json"
     _write_text(js, json.dumps(data, indent=1, default=str))
-    logger.info("report: %s (%d plot(s))", md, len(plots))
+    logger.debug("report: %s (%d plot(s))", md, len(plots))
     return {"kind": kind, "markdown": md, "plots": plots, "json": js}

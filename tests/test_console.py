@@ -1,0 +1,76 @@
+"""Console output of a run: progress lines, the end-of-run table, no library INFO, useful warnings."""
+
+from __future__ import annotations
+
+import logging
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.logging_setup import NOISY_LOGGERS, ConsoleFilter, RunProgress, configure_console
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def record(name: str, level: int) -> logging.LogRecord:
+    return logging.LogRecord(name, level, __file__, 1, "msg", (), None)
+
+
+def test_console_filter_keeps_progress_and_warnings_only():
+    f = ConsoleFilter()
+    assert f.filter(record("pipeline.progress", logging.INFO))
+    assert f.filter(record("httpx", logging.WARNING)) and f.filter(record("pipeline.app", logging.ERROR))
+    assert not f.filter(record("pipeline.rollout.train_run", logging.INFO))
+    assert not f.filter(record("ray", logging.INFO))
+
+
+def test_configure_console_touches_only_hydras_console_handler():
+    root = logging.getLogger()
+    console, other = logging.StreamHandler(), logging.StreamHandler()
+    console.set_name("console")
+    root.addHandler(console)
+    root.addHandler(other)
+    try:
+        configure_console()
+        configure_console()  # idempotent
+        assert sum(isinstance(f, ConsoleFilter) for f in console.filters) == 1
+        assert not other.filters
+        assert all(logging.getLogger(n).level == logging.WARNING for n in NOISY_LOGGERS)
+    finally:
+        root.removeHandler(console)
+        root.removeHandler(other)
+
+
+def test_progress_line_and_summary(tmp_path, caplog):
+    progress = RunProgress(num_rollout=20, run_dir=str(tmp_path))
+    with caplog.at_level(logging.INFO, logger="pipeline.progress"):
+        for i in range(20):
+            progress.step(i, {"rollout/raw_reward": i / 20, "rollout/pass_rate": 0.5, "perf/rollout_time": 1.0,
+                              "eval/gsm": 0.25})
+    assert caplog.messages[3] == ("rollout  3 of 0..19 | reward 0.150 | pass 50% | len - | dropped - | buffer - "
+                                  "| time s 1.00 | eval/gsm 0.250")
+    summary = progress.summary()
+    rows = [line for line in summary.splitlines() if re.match(r"\| \d+ \|", line)]
+    assert [r.split("|")[1].strip() for r in rows] == [str(i) for i in range(8, 20)]
+    assert "(8 earlier rollouts: see metrics.jsonl)" in summary and "mean reward 0.475" in summary
+    assert f"python -m pipeline.report {tmp_path}" in summary
+
+
+@pytest.mark.timeout(120)
+def test_cli_console_and_the_nothing_to_run_warning(tmp_path):
+    run = tmp_path / "run"
+    cmd = [sys.executable, "run.py", "experiment=smoke"]
+    first = subprocess.run(cmd + [f"hydra.run.dir={run}"], cwd=ROOT, capture_output=True, text=True, timeout=100)
+    assert first.returncode == 0, first.stderr
+    lines = [line for line in first.stdout.splitlines() if line.strip()]
+    assert lines[0] == f"run dir {run}: rollouts 0..1"
+    assert [bool(re.match(r"rollout \d of 0\.\.1 \| reward \d\.\d{3} \| pass \d+%", x)) for x in lines[1:3]] == [True] * 2
+    assert not any(re.search(r"\]\[(INFO|DEBUG)\]|\bINFO\b", x) for x in lines), first.stdout
+    assert "INFO" in (run / "run.log").read_text()  # the details still go to the file
+    again = subprocess.run(cmd + [f"resume={run}", f"hydra.run.dir={tmp_path / 'again'}"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=100)
+    assert again.returncode == 0, again.stderr
+    assert "nothing to run" in again.stdout and "num_rollout=4" in again.stdout
