@@ -1,7 +1,7 @@
 """Generate the config-groups table (docs/config_groups.md) from `conf/`.
 
-`python -m pipeline.config_docs` rewrites docs/config_groups.md and
-docs/readme_parts/config_groups.md; `--check` exits 1 when either differs from `conf/`
+`python -m pipeline.config_docs` rewrites docs/config_groups.md and the block between the
+config-groups markers in README.md; `--check` exits 1 when either differs from `conf/`
 (tests/test_readme.py checks the same, so the table cannot drift).
 Each option's description is the comment block at the top of its YAML file.
 """
@@ -17,13 +17,16 @@ from omegaconf import OmegaConf
 
 from pipeline.sinks.files import atomic_write_text
 
-__all__ = ["OUTPUTS", "describe", "render"]
+__all__ = ["OUTPUTS", "README", "describe", "readme_block", "render", "with_readme_block"]
 
 logger = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parents[1]
-# files holding the generated table (the README part is included by the lead's README)
-OUTPUTS = ("docs/config_groups.md", "docs/readme_parts/config_groups.md")
+# the file holding the generated table alone
+OUTPUTS = ("docs/config_groups.md",)
+# the README holds the same table between these markers
+README = "README.md"
+_BEGIN, _END = "<!-- config-groups:begin -->\n", "<!-- config-groups:end -->"
 # groups under conf/ that are Hydra's own, not the pipeline's
 _SKIP = {"hydra"}
 
@@ -75,6 +78,22 @@ def render(conf_dir: Path = ROOT / "conf") -> str:
     return "\n".join(lines) + "\n"
 
 
+def readme_block(readme: str) -> str:
+    """The text between the config-groups markers of the README."""
+    try:
+        start = readme.index(_BEGIN) + len(_BEGIN)
+        return readme[start:readme.index(_END, start)]
+    except ValueError:
+        raise ValueError(f"{README}: no '{_BEGIN.strip()}' ... '{_END}' markers around the config-groups table")
+
+
+def with_readme_block(readme: str, table: str) -> str:
+    """The README with its config-groups block replaced by `table`."""
+    old = readme_block(readme)
+    start = readme.index(_BEGIN) + len(_BEGIN)
+    return readme[:start] + table + readme[start + len(old):]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Write the generated files, or with --check report which ones are stale (exit 1)."""
     parser = argparse.ArgumentParser(prog="python -m pipeline.config_docs", description=__doc__)
@@ -82,13 +101,17 @@ def main(argv: list[str] | None = None) -> int:
     ns = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     text = render()
-    stale = [p for p in OUTPUTS if not (ROOT / p).exists() or (ROOT / p).read_text(encoding="utf-8") != text]
+    readme = (ROOT / README).read_text(encoding="utf-8")
+    wanted = {p: text for p in OUTPUTS}
+    wanted[README] = with_readme_block(readme, text)
+    stale = [p for p, body in wanted.items()
+             if not (ROOT / p).exists() or (ROOT / p).read_text(encoding="utf-8") != body]
     if ns.check:
         for p in stale:
             logger.error("%s is stale: run `python -m pipeline.config_docs`", p)
         return 1 if stale else 0
-    for p in OUTPUTS:
-        atomic_write_text(ROOT / p, text)
+    for p in stale:
+        atomic_write_text(ROOT / p, wanted[p])
         logger.info("wrote %s", p)
     return 0
 

