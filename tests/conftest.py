@@ -1,4 +1,5 @@
-"""Shared test set-up: offline wandb, Ray without auth, no hub downloads."""
+"""Shared test set-up: offline wandb, Ray without auth, no hub downloads, passive OpenMP waits
+(set before anything imports torch; see run.py)."""
 
 import os
 
@@ -6,3 +7,4 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

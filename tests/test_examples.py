@@ -67,7 +67,7 @@ def test_native_buffer_filter_dynamic_filter_and_reward(tmp_path):
             assert sum(s["reward"] > 0 for s in group) / len(group) <= 0.75
     served = [s for s in samples if s["metadata"].get("buffer_filter") == "shortest_first"]
     assert served, "nothing was served from the buffer by the example filter"
-    state = (run / "checkpoints" / "rollout_2.json").read_text().splitlines()[1]
+    state = (run / "checkpoints" / "rollout_2.json").read_bytes().splitlines()[1]
     assert json.loads(state)["buffer_filter"]["served"] >= len(groups_of(served))
 
 

@@ -1,10 +1,14 @@
-"""Lossless, atomic data-source checkpoints (SPEC §5) — JSON, never pickle.
+"""Lossless, atomic data-source checkpoints (SPEC §5) — JSON plus raw arrays, never pickle.
 
-A checkpoint file is one header line `{"magic", "version", "sha256", "size"}` followed by the
-JSON payload the header describes. It is written to a temp file in the same folder, fsynced,
-renamed over `<dir>/rollout_<id>.json`, and the folder is fsynced: a crash leaves either the
-old file or the new one. A truncated or altered file fails the size/sha256 check on load.
-Buffered samples are encoded by `sample_codec` (column-wise, lossless).
+A checkpoint file is one header line `{"magic", "version", "sha256", "size", "json_size",
+"arrays"}` followed by the payload the header describes: the JSON state (one line), then one
+binary section holding every numpy array of the state (the buffer's columns) as raw
+little-endian bytes, 8-byte aligned. `arrays` lists, per array, where it sits in the JSON
+(a key path), its dtype, shape, offset and size, so loading is `np.frombuffer` (no pickle).
+The file is written to a temp file in the same folder, fsynced, renamed over
+`<dir>/rollout_<id>.json`, and the folder is fsynced: a crash leaves either the old file or the
+new one. A truncated or altered file fails the size/sha256 check on load. Version-1 files
+(pure JSON, base64 arrays) still load. Buffered samples are encoded by `sample_codec`.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from pipeline.data.errors import CheckpointError
 from pipeline.data.sample_codec import decode_groups, encode_groups
 
@@ -28,7 +34,8 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 MAGIC = "rollout-pipeline-checkpoint"
-VERSION = 1
+VERSION = 2
+_READABLE = (1, 2)
 _NAME = re.compile(r"^rollout_(-?\d+)\.json$")
 
 
@@ -44,16 +51,52 @@ def _write_bytes(f: Any, data: bytes) -> None:
         f.write(view[start:start + (1 << 20)])
 
 
-def write_checkpoint(path: str | os.PathLike, state: dict[str, Any]) -> None:
-    """Write `state` atomically with a size + sha256 header (temp + fsync + rename + dir fsync)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+def _take_arrays(node: dict[str, Any], path: list[str], found: list[tuple[list[str], np.ndarray]]) -> dict[str, Any]:
+    """A copy of the dict tree `node` with every numpy array moved out into `found`."""
+    out = {}
+    for key, value in node.items():
+        if isinstance(value, np.ndarray):
+            found.append((path + [key], value))
+            out[key] = None
+        elif isinstance(value, dict):
+            out[key] = _take_arrays(value, path + [key], found)
+        else:
+            out[key] = value
+    return out
+
+
+def _payload(path: Path, state: dict[str, Any]) -> tuple[bytes, dict[str, Any]]:
+    """The payload bytes (JSON line + array section) and the header fields describing it."""
+    found: list[tuple[list[str], np.ndarray]] = []
+    state = _take_arrays(state, [], found)
     try:
-        payload = json.dumps(state, separators=(",", ":")).encode()
+        text = json.dumps(state, separators=(",", ":")).encode() + b"\n"
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"{path}: the data-source state is not JSON-serialisable ({exc})") from exc
+    parts, arrays, offset = [text], [], len(text)
+    for key_path, arr in found:
+        pad = -offset % 8
+        if pad:
+            parts.append(b"\0" * pad)
+            offset += pad
+        arr = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<"))
+        parts.append(arr.tobytes())
+        arrays.append({"path": key_path, "dtype": arr.dtype.str, "shape": list(arr.shape), "offset": offset,
+                       "nbytes": arr.nbytes})
+        offset += arr.nbytes
+    return b"".join(parts), {"json_size": len(text), "arrays": arrays}
+
+
+def write_checkpoint(path: str | os.PathLike, state: dict[str, Any]) -> None:
+    """Write `state` atomically with a size + sha256 header (temp + fsync + rename + dir fsync).
+
+    `state` is JSON-able data in which dict values may also be numpy arrays (stored raw).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload, layout = _payload(path, state)
     header = json.dumps({"magic": MAGIC, "version": VERSION, "size": len(payload),
-                         "sha256": hashlib.sha256(payload).hexdigest()}).encode() + b"\n"
+                         "sha256": hashlib.sha256(payload).hexdigest(), **layout}).encode() + b"\n"
     tmp = path.parent / f".{path.name}.{os.getpid()}.tmp"
     for stale in path.parent.glob(".rollout_*.json.*.tmp"):  # left by a killed writer
         stale.unlink(missing_ok=True)
@@ -74,27 +117,43 @@ def write_checkpoint(path: str | os.PathLike, state: dict[str, Any]) -> None:
 
 
 def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
-    """Read and verify one checkpoint; CheckpointError names the file and what is wrong."""
+    """Read and verify one checkpoint; CheckpointError names the file and what is wrong.
+
+    Arrays come back as read-only numpy arrays at the places they were written from.
+    """
     path = Path(path)
     try:
         raw = path.read_bytes()
     except OSError as exc:
         raise CheckpointError(f"{path}: cannot read checkpoint ({exc})") from exc
-    head, sep, payload = raw.partition(b"\n")
+    head, sep, _ = raw.partition(b"\n")
     try:
         header = json.loads(head)
     except (json.JSONDecodeError, UnicodeDecodeError):
         header = None
     if not sep or not isinstance(header, dict) or header.get("magic") != MAGIC:
         raise CheckpointError(f"{path}: not a rollout-pipeline checkpoint (bad header)")
-    if header.get("version") != VERSION:
+    if header.get("version") not in _READABLE:
         raise CheckpointError(f"{path}: checkpoint version {header.get('version')}, expected {VERSION}")
+    payload = memoryview(raw)[len(head) + 1:]
     if len(payload) != header.get("size"):
         raise CheckpointError(
             f"{path}: truncated checkpoint ({len(payload)} payload bytes, header says {header.get('size')})")
     if hashlib.sha256(payload).hexdigest() != header.get("sha256"):
         raise CheckpointError(f"{path}: checksum mismatch (the file was altered or corrupted)")
-    return json.loads(payload.decode("utf-8"))
+    try:
+        state = json.loads(bytes(payload[:header.get("json_size", len(payload))]))
+        for entry in header.get("arrays", []):
+            node = state
+            for key in entry["path"][:-1]:
+                node = node[key]
+            dtype, count = np.dtype(entry["dtype"]), int(np.prod(entry["shape"]))
+            arr = np.frombuffer(raw, dtype=dtype, count=count, offset=len(head) + 1 + entry["offset"]) \
+                if count else np.zeros(0, dtype=dtype)
+            node[entry["path"][-1]] = arr.reshape(entry["shape"])
+    except (KeyError, TypeError, ValueError) as exc:  # a checksummed file written by other code
+        raise CheckpointError(f"{path}: malformed checkpoint layout ({exc})") from exc
+    return state
 
 
 def list_checkpoints(directory: str | os.PathLike) -> list[tuple[int, Path]]:

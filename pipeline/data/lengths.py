@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.data.errors import DataError
+from pipeline.data.token_count import PretokenCounter
 
 __all__ = ["TokenizerHandle", "ArrayCache", "BATCH"]
 
@@ -112,7 +113,11 @@ class TokenizerHandle:
             fast.no_truncation()
             fast.no_padding()
             encode = getattr(fast, "encode_batch_fast", fast.encode_batch)
+            counter = PretokenCounter.create(fast)  # exact shortcut for GPT-2-style BPE
             for batch in _batches(texts, BATCH):
+                if counter is not None:
+                    out.append(counter.count(batch, encode))
+                    continue
                 encs = encode(batch, add_special_tokens=False)
                 out.append(np.fromiter((len(e) for e in encs), dtype=np.int32, count=len(encs)))
         else:

@@ -73,13 +73,17 @@ class CheckpointMixin:
         self.current_rollout_id = state.get("current_rollout_id")
         self.metadata = dict(state.get("metadata") or {})
 
+    def _checkpoint_state(self) -> dict[str, Any]:
+        """What `save` writes: `state_dict()`, where subclasses may put numpy arrays."""
+        return self.state_dict()
+
     def save(self, rollout_id: int) -> Path:
         """Write `<save_dir>/rollout_<id>.json` atomically and keep the newest `keep_checkpoints`."""
         if self.save_dir is None:
             raise CheckpointError("save: no save_dir configured for the data source")
         path = ckpt.checkpoint_path(self.save_dir, rollout_id)
         with gc_paused():
-            ckpt.write_checkpoint(path, {**self.state_dict(), "rollout_id": int(rollout_id)})
+            ckpt.write_checkpoint(path, {**self._checkpoint_state(), "rollout_id": int(rollout_id)})
         ckpt.prune_checkpoints(self.save_dir, self.keep_checkpoints)
         logger.info("saved data-source state to %s", path)
         return path

@@ -1,9 +1,12 @@
-"""Lossless, fast, JSON-able encoding of groups of samples (the buffer in a checkpoint).
+"""Lossless, fast encoding of groups of samples (the buffer in a checkpoint).
 
 Samples are stored column-wise: the numeric per-token lists (tokens, loss_mask,
-rollout_log_probs) as base64 numpy buffers in the smallest exact dtype (else plain JSON
-lists), string fields interned, constant fields once, every other field as one JSON list,
-extra attributes per sample. Decoding builds fresh `Sample` objects.
+rollout_log_probs) as one concatenated array per field plus a lengths array, in the smallest
+exact dtype (else plain JSON lists); string fields interned, int fields as arrays, constant
+fields once, dicts with the same keys (metadata) one column per key, every other field as one
+JSON list, extra attributes per sample. Arrays are base64 text in the JSON-able form
+(`state_dict`) and numpy arrays with `raw=True` (stored as raw bytes by `checkpoint`).
+Decoding converts each array with one `.tolist()` and builds fresh `Sample` objects.
 """
 
 from __future__ import annotations
@@ -72,6 +75,17 @@ def _b64(arr: np.ndarray) -> str:
     return base64.b64encode(arr.tobytes()).decode()
 
 
+def _raw(arr: np.ndarray) -> np.ndarray:
+    return arr
+
+
+def _unpack(value: str | np.ndarray, dtype: str) -> np.ndarray:
+    """A packed array: base64 text (JSON state) or the array itself (binary checkpoint)."""
+    if isinstance(value, str):
+        return np.frombuffer(base64.b64decode(value), dtype=dtype)
+    return np.asarray(value, dtype=dtype)
+
+
 def _smallest_int(arr: np.ndarray) -> np.ndarray:
     if arr.size == 0:
         return arr.astype("<i4")
@@ -109,7 +123,7 @@ def _flat_numbers(present: list[list[Any]], kind: type) -> np.ndarray | None:
     return f32 if exact else arr.astype("<f8")
 
 
-def _encode_array(values: list[Any], kind: type) -> dict[str, Any] | None:
+def _encode_array(values: list[Any], kind: type, pack: Any) -> dict[str, Any] | None:
     """Base64 buffers for a column of `list[number] | None`, or None when not numeric.
 
     Ints use the smallest integer dtype that holds them; floats use float32 when that is
@@ -126,13 +140,13 @@ def _encode_array(values: list[Any], kind: type) -> dict[str, Any] | None:
         lengths = _smallest_int(np.fromiter(map(len, values), np.int64, len(values)))
     else:
         lengths = _smallest_int(np.fromiter((-1 if v is None else len(v) for v in values), np.int64, len(values)))
-    return {"dtype": arr.dtype.str, "lengths": _b64(lengths), "lengths_dtype": lengths.dtype.str,
-            "data": _b64(arr)}
+    return {"dtype": arr.dtype.str, "lengths": pack(lengths), "lengths_dtype": lengths.dtype.str,
+            "data": pack(arr)}
 
 
 def _decode_array(enc: dict[str, Any]) -> list[list[Any] | None]:
-    lengths = np.frombuffer(base64.b64decode(enc["lengths"]), dtype=enc["lengths_dtype"]).astype(np.int64)
-    data = np.frombuffer(base64.b64decode(enc["data"]), dtype=enc["dtype"])
+    lengths = _unpack(enc["lengths"], enc["lengths_dtype"]).astype(np.int64)
+    data = _unpack(enc["data"], enc["dtype"])
     if data.dtype.kind == "f":
         data = data.astype(np.float64)  # float32 values come back as the same Python floats
     if len(lengths) and (lengths == lengths[0]).all() and lengths[0] > 0:
@@ -148,9 +162,9 @@ def _decode_array(enc: dict[str, Any]) -> list[list[Any] | None]:
 _SCALARS = (str, int, float, bool, type(None))
 
 
-def _encode_column(values: list[Any]) -> Any:
-    """A field column: one constant, all-empty containers, interned strings, a base64 int
-    array, or the plain JSON list."""
+def _encode_column(values: list[Any], pack: Any) -> Any:
+    """A field column: one constant, all-empty containers, interned strings, a packed int
+    array, dicts with the same keys as one column per key, or the plain JSON list."""
     if not values:
         return {"values": values}
     first = values[0]
@@ -161,16 +175,20 @@ def _encode_column(values: list[Any]) -> Any:
         if kinds == {str}:
             table = {v: i for i, v in enumerate(dict.fromkeys(values))}
             small = _smallest_int(np.fromiter(map(table.__getitem__, values), np.int64, len(values)))
-            return {"strings": list(table), "index": _b64(small), "index_dtype": small.dtype.str}
+            return {"strings": list(table), "index": pack(small), "index_dtype": small.dtype.str}
         if kinds == {int}:
             try:
                 ints = _smallest_int(np.frombuffer(array.array("q", values), dtype=np.int64))
             except OverflowError:
                 return {"values": values}
-            return {"ints": _b64(ints), "ints_dtype": ints.dtype.str}
+            return {"ints": pack(ints), "ints_dtype": ints.dtype.str}
     elif type(first) in (list, dict) and not first and set(map(type, values)) == {type(first)} \
             and not any(values):
         return {"empty": "list" if type(first) is list else "dict"}  # e.g. weight_versions
+    elif type(first) is dict and all(type(k) is str for k in first) and set(map(type, values)) == {dict} \
+            and len(set(map(tuple, values))) == 1:  # dicts with the same keys (metadata): per key
+        return {"records": list(first),
+                "fields": {k: _encode_column(list(map(operator.itemgetter(k), values)), pack) for k in first}}
     return {"values": values}
 
 
@@ -179,10 +197,13 @@ def _decode_column(enc: dict[str, Any], total: int) -> list[Any]:
         return [enc["const"]] * total
     if "strings" in enc:
         strings = enc["strings"]
-        idx = np.frombuffer(base64.b64decode(enc["index"]), dtype=enc["index_dtype"]).tolist()
+        idx = _unpack(enc["index"], enc["index_dtype"]).tolist()
         return list(map(strings.__getitem__, idx))
     if "ints" in enc:
-        return np.frombuffer(base64.b64decode(enc["ints"]), dtype=enc["ints_dtype"]).tolist()
+        return _unpack(enc["ints"], enc["ints_dtype"]).tolist()
+    if "records" in enc:  # a fresh dict per sample
+        fields = [_decode_column(enc["fields"][k], total) for k in enc["records"]]
+        return list(map(dict, map(zip, repeat(enc["records"]), zip(*fields))))
     if "empty" in enc:  # a fresh container per sample
         return [[] for _ in range(total)] if enc["empty"] == "list" else [{} for _ in range(total)]
     return enc["values"]
@@ -196,14 +217,19 @@ def _column(dicts: list[dict[str, Any]], name: str, default: Any) -> list[Any]:
         return [d[name] if name in d else default() for d in dicts]
 
 
-def encode_groups(groups: list[list[Any]]) -> dict[str, Any]:
-    """JSON-able, lossless encoding of groups of samples (ours or slime's)."""
+def encode_groups(groups: list[list[Any]], raw: bool = False) -> dict[str, Any]:
+    """JSON-able, lossless encoding of groups of samples (ours or slime's).
+
+    With `raw`, the packed columns are numpy arrays instead of base64 text (for
+    `checkpoint.write_checkpoint`, which stores them as raw bytes).
+    """
+    pack = _raw if raw else _b64
     with gc_paused():
         dicts = [s.__dict__ if type(s) is Sample else _sample_dict(s) for g in groups for s in g]
         out: dict[str, Any] = {"group_sizes": [len(g) for g in groups], "columns": {}, "arrays": {}}
         for name, kind in _ARRAYS.items():
             values = _column(dicts, name, lambda: None)
-            enc = _encode_array(values, kind)
+            enc = _encode_array(values, kind, pack)
             if enc is None:
                 out["columns"][name] = {"values": values}
             else:
@@ -212,7 +238,7 @@ def encode_groups(groups: list[list[Any]]) -> dict[str, Any]:
             values = _column(dicts, name, _default(name))
             if name == "status":  # a Status is a str: the table maps members and strings
                 values = list(map(_STATUS_VALUE.get, values, values))
-            out["columns"][name] = _encode_column(values)
+            out["columns"][name] = _encode_column(values, pack)
         fields = Sample.__dataclass_fields__
         # a Sample's dict holds exactly its fields unless it carries extra attributes
         extras = [[i, {k: v for k, v in d.items() if k not in fields}]
@@ -223,6 +249,7 @@ def encode_groups(groups: list[list[Any]]) -> dict[str, Any]:
 
 _STATUS = {s.value: s for s in Sample.Status}
 _STATUS_VALUE = {s: s.value for s in Sample.Status}
+_POSITION = {name: i for i, name in enumerate(Sample.__dataclass_fields__)}
 
 
 def decode_groups(enc: dict[str, Any]) -> list[list[Sample]]:
@@ -230,13 +257,32 @@ def decode_groups(enc: dict[str, Any]) -> list[list[Sample]]:
     with gc_paused(promote=True):
         sizes = enc["group_sizes"]
         total = sum(sizes)
-        columns = {name: _decode_column(col, total) for name, col in enc["columns"].items()}
+        # constant columns go into a template dict (in field order); each row is a copy of
+        # it updated with its own values of the other columns
+        base: dict[str, Any] = {}
+        columns: dict[str, list[Any]] = {}
+        for name, col in enc["columns"].items():
+            if "const" in col:
+                base[name] = col["const"]
+            else:
+                base[name] = None
+                columns[name] = _decode_column(col, total)
         for name, arr in enc["arrays"].items():
+            base[name] = None
             columns[name] = _decode_array(arr)
+        base = dict(sorted(base.items(), key=lambda kv: _POSITION.get(kv[0], len(_POSITION))))
         if "status" in columns:
             columns["status"] = list(map(_STATUS.__getitem__, columns["status"]))
-        names = list(columns)
-        rows = list(map(dict, map(zip, repeat(names), zip(*columns.values()))))
+        elif "status" in base:
+            base["status"] = _STATUS[base["status"]]
+        copy, names, rows = base.copy, list(columns), []
+        if columns:
+            for vals in zip(*columns.values()):
+                d = copy()
+                d.update(zip(names, vals))
+                rows.append(d)
+        else:
+            rows = [copy() for _ in range(total)]
         if len(rows) != total:
             raise CheckpointError(f"buffer encoding holds {len(rows)} samples, group sizes say {total}")
         for i, extra in enc["extras"]:

@@ -292,8 +292,15 @@ class BufferedDataSource(PlainDataSource):
 
     def state_dict(self) -> dict[str, Any]:
         """Plain state plus every buffered sample in full and the filter's state."""
+        return self._state(raw=False)
+
+    def _checkpoint_state(self) -> dict[str, Any]:
+        """`state_dict()` with the buffer's packed columns as numpy arrays (stored raw)."""
+        return self._state(raw=True)
+
+    def _state(self, raw: bool) -> dict[str, Any]:
         state = super().state_dict()
-        state["buffer"] = ckpt.encode_groups(self.buffer)
+        state["buffer"] = ckpt.encode_groups(self.buffer, raw=raw)
         state["buffer_filter"] = self.buffer_filter.state_dict() if hasattr(self.buffer_filter, "state_dict") else None
         return state
 

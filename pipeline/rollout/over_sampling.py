@@ -7,6 +7,13 @@ over from earlier rollouts (an exponential moving average), clamped to
 [min_pass_rate, 1]; the fetch is then clamped to [min_fetch, max_fetch_factor × batch size].
 A high pass rate fetches just what is missing; a low one fetches enough up front to avoid
 extra rounds.
+
+When to fetch: `fixed` follows slime (SPEC §6): only once (submitted − dropped) < batch size,
+i.e. after in-flight groups have actually been dropped. `adaptive` fetches as soon as the
+*projected* count is short: kept + p × (groups in flight, not yet decided) < batch size. The
+next round then starts while the current one is still generating instead of after its drops
+are known, so generation is pipelined; the price is groups still in flight when the batch
+fills, which are aborted (to the buffer with partial_rollout, else dropped).
 """
 
 from __future__ import annotations
@@ -65,13 +72,22 @@ class OverSampler:
             p = (accepted + w * self.pass_rate) / (decided + w)
         return min(1.0, max(self.min_pass_rate, p))
 
-    def fetch_size(self, target: int, over_sampling_batch_size: int, shortfall: int,
+    def shortfall(self, target: int, submitted: int, dropped: int, kept: int, accepted: int,
+                  decided: int) -> float:
+        """Groups missing from the batch; a fetch is due while this is > 0. `fixed`: target −
+        (submitted − dropped); `adaptive`: target − kept − p × (submitted − dropped − kept)."""
+        if self.mode == "fixed":
+            return float(target - (submitted - dropped))
+        undecided = submitted - dropped - kept
+        return target - kept - self.estimate(accepted, decided) * undecided
+
+    def fetch_size(self, target: int, over_sampling_batch_size: int, shortfall: float,
                    accepted: int, decided: int) -> int:
-        """Groups to fetch now; `shortfall` = target − (submitted − dropped) > 0."""
+        """Groups to fetch now, given `shortfall()` > 0."""
         if self.mode == "fixed":
             return over_sampling_batch_size
         p = self.estimate(accepted, decided)
-        k = math.ceil(shortfall / p - 1e-9)
+        k = math.ceil(shortfall / p - 1e-6)
         upper = max(self.min_fetch, int(self.max_fetch_factor * target))
         return max(self.min_fetch, min(upper, k))
 

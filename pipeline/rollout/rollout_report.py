@@ -15,10 +15,15 @@ logger = logging.getLogger(__name__)
 
 
 class Progress:
-    """tqdm bar on stderr: samples done, generated tokens/s and the buffer size."""
+    """tqdm bar on stderr: samples done, generated tokens/s and the buffer size.
+
+    Shown only when stderr is a terminal: redirected to a file or pipe, a redrawn bar is
+    carriage-return junk (the per-rollout progress line of `pipeline.logging_setup` stays).
+    """
 
     def __init__(self, total: int, desc: str, enabled: bool, buffer_size: Any = None) -> None:
-        self._bar = tqdm(total=total, desc=desc, file=sys.stderr, disable=not enabled,
+        show = enabled and _is_terminal(sys.stderr)
+        self._bar = tqdm(total=total, desc=desc, file=sys.stderr, disable=not show,
                          unit="sample", dynamic_ncols=True, leave=False)
         self._start = time.perf_counter()
         self._buffer_size = buffer_size
@@ -37,6 +42,14 @@ class Progress:
     def close(self) -> None:
         """Remove the bar."""
         self._bar.close()
+
+
+def _is_terminal(stream: Any) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    try:
+        return bool(isatty()) if callable(isatty) else False
+    except ValueError:  # closed stream
+        return False
 
 
 def format_summary(title: str, metrics: dict[str, Any]) -> str:

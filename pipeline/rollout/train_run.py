@@ -1,6 +1,7 @@
 """One train rollout of `EngineRollout`: the over-sampling loop of SPEC §6.
 
-While (submitted − dropped) < rollout_batch_size, fetch groups and submit each as a task that
+While (submitted − dropped) < rollout_batch_size (`adaptive`: while the projected count is short,
+see `over_sampling`), fetch groups and submit each as a task that
 generates its samples concurrently and scores each sample as soon as it finishes. As groups
 finish, the dynamic filter keeps or drops them (drop iff not keep and not (keep_when_insufficient
 and remaining ≤ target)). When the batch is full, in-flight generation is aborted; unfinished
@@ -134,9 +135,13 @@ class TrainRun:
         return len(self.kept) >= self.target
 
     def _top_up(self) -> None:
-        while not self._full() and self.submitted - self.dropped < self.target:
-            shortfall = self.target - (self.submitted - self.dropped)
-            k = self.o.over_sampler.fetch_size(self.target, self.osb, shortfall, self.accepted, self.decided)
+        sampler = self.o.over_sampler
+        while not self._full():
+            shortfall = sampler.shortfall(self.target, self.submitted, self.dropped, len(self.kept),
+                                          self.accepted, self.decided)
+            if shortfall <= 1e-6:
+                return
+            k = sampler.fetch_size(self.target, self.osb, shortfall, self.accepted, self.decided)
             groups = self.data_source.get_samples(k)
             if not groups:
                 raise RuntimeError(f"rollout {self.rollout_id}: the data source returned no groups "

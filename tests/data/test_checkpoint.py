@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from pipeline import BufferedDataSource, PlainDataSource, Sample
@@ -125,14 +127,47 @@ def test_moving_the_data_file_is_not_a_change(tmp_path: Path) -> None:
     assert moved.load() == 0 and moved.sample_offset == 2
 
 
-def test_no_pickle_and_json_only(tmp_path: Path, data5: str) -> None:
+def test_no_pickle_json_plus_raw_arrays(tmp_path: Path, data5: str) -> None:
     src = buffered(data5, tmp_path)
-    src.add_samples(src.get_samples(2))
+    groups = src.get_samples(2)
+    for g in groups:
+        for s in g:
+            s.append_response_tokens(tokens=[5, 6, 70000], log_probs=[-0.5, -0.25, -1e-9])
+    src.add_samples(groups)
     path = src.save(3)
-    head, _, payload = path.read_bytes().partition(b"\n")
-    assert json.loads(head)["magic"] == ckpt.MAGIC
-    assert json.loads(payload)["buffer"]["group_sizes"] == [2, 2]
+    raw = path.read_bytes()
+    head, _, payload = raw.partition(b"\n")
+    header = json.loads(head)
+    assert header["magic"] == ckpt.MAGIC and header["version"] == ckpt.VERSION == 2
+    state = json.loads(payload[:header["json_size"]])  # the JSON line
+    assert state["buffer"]["group_sizes"] == [2, 2] and payload[header["json_size"] - 1:header["json_size"]] == b"\n"
+    # the rest is exactly the raw arrays the header lists (no pickle, nothing else)
+    arrays = {tuple(a["path"]): a for a in header["arrays"]}
+    tokens = arrays[("buffer", "arrays", "tokens", "data")]
+    assert tokens["dtype"] == "<u4" and tokens["shape"] == [12]
+    data = np.frombuffer(payload, dtype="<u4", count=12, offset=tokens["offset"])
+    assert data.tolist() == [5, 6, 70000] * 4
+    assert header["size"] == len(payload) == max(a["offset"] + a["nbytes"] for a in header["arrays"])
     assert not list(tmp_path.glob("*.tmp"))
+    # the JSON state holds no array: the array places are null until read_checkpoint fills them
+    assert state["buffer"]["arrays"]["tokens"]["data"] is None
+    assert ckpt.read_checkpoint(path)["buffer"]["arrays"]["tokens"]["data"].tolist() == [5, 6, 70000] * 4
+
+
+def test_reads_a_version_1_checkpoint(tmp_path: Path, data5: str) -> None:
+    """Files of the first format (one JSON payload, base64 arrays) still load."""
+    src = buffered(data5, tmp_path)
+    groups = src.get_samples(2)
+    for g in groups:
+        for s in g:
+            s.append_response_tokens(tokens=[1, 2], log_probs=[-0.5, -0.1])
+    src.add_samples(groups)
+    payload = json.dumps({**src.state_dict(), "rollout_id": 4}).encode()
+    header = {"magic": ckpt.MAGIC, "version": 1, "size": len(payload), "sha256": hashlib.sha256(payload).hexdigest()}
+    (tmp_path / "rollout_4.json").write_bytes(json.dumps(header).encode() + b"\n" + payload)
+    fresh = buffered(data5, tmp_path)
+    assert fresh.load() == 4
+    assert [[s.to_dict() for s in g] for g in fresh.buffer] == [[s.to_dict() for s in g] for g in src.buffer]
 
 
 def test_reads_a_slime_state_file(tmp_path: Path, data5: str) -> None:

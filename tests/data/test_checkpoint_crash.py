@@ -36,6 +36,7 @@ CHILD = textwrap.dedent("""
 
     src = BufferedDataSource(path=data, n_samples_per_prompt=4, seed=1, save_dir=save_dir, keep_checkpoints=2)
     src.add_samples(src.get_samples(100))
+    src.metadata["pad"] = "p" * 50_000  # a checkpoint of many 4 KiB chunks: the kill lands mid-file
     src.save(0)
     print("saved 0", flush=True)
     ckpt._write_bytes = slow_write

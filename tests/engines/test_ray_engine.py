@@ -106,3 +106,67 @@ def test_abort_fans_out_to_every_replica(pool: RayEngine, hf_engine,
     assert {r.finish_reason for r in results} == {"abort"}
     assert all(len(r.output_ids) < 200 and len(r.log_probs) == len(r.output_ids) for r in results)
     assert {pool_i for pool_i, s in enumerate(pool._slots) if s.inflight == 0} == {0, 1}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_abort_reaches_requests_in_transit_and_spares_later_ones(
+        pool: RayEngine, hf_engine, loop: asyncio.AbstractEventLoop) -> None:
+    tok = hf_engine.tokenizer
+
+    def long_req(rid: str, seed: int) -> GenerationRequest:
+        return request(tok, rid, "Write a long poem.", temperature=1.0, max_new_tokens=200, seed=seed)
+
+    async def go() -> tuple[list, list, float, object]:
+        running = [asyncio.create_task(pool.generate(long_req(f"b{i}", i))) for i in range(4)]
+        await asyncio.sleep(1.5)  # these are decoding on both replicas
+        stale_epoch = pool._abort_epoch
+        # these are dispatched (sent to a replica) in the same tick as the abort: they reach the
+        # replicas around the time the abort does, in either order
+        racing = [asyncio.create_task(pool.generate(long_req(f"c{i}", 10 + i))) for i in range(4)]
+        await asyncio.sleep(0)
+        t0 = time.perf_counter()
+        await pool.abort_all()
+        # requests stamped before the abort that arrive after it (delayed in transit)
+        late = [actor.generate.remote(request_to_dict(long_req(f"d{i}", 20 + i)), stale_epoch)
+                for i, actor in enumerate(pool.replicas())]
+        results = await asyncio.gather(*running, *racing)
+        late_out = await asyncio.gather(*late)
+        took = time.perf_counter() - t0
+        after = await pool.generate(request(tok, "e", temperature=0.0, max_new_tokens=4))
+        return results, late_out, took, after
+
+    results, late_out, took, after = loop.run_until_complete(asyncio.wait_for(go(), 90))
+    assert took < 5.0, f"abort took {took:.1f}s"
+    assert {r.finish_reason for r in results} == {"abort"}
+    assert all(len(r.output_ids) < 200 and len(r.log_probs) == len(r.output_ids) for r in results)
+    assert any(r.output_ids for r in results[:4])  # the running ones kept their partial output
+    assert [d["finish_reason"] for d in late_out] == ["abort", "abort"]
+    assert all(d["output_ids"] == [] for d in late_out)
+    # the abort does not poison requests submitted after it
+    assert after.finish_reason in ("stop", "length") and len(after.output_ids) >= 1
+    assert all(s.inflight == 0 for s in pool._slots)
+
+
+def _omp_policy(_replica: object) -> str | None:
+    import os
+
+    return os.environ.get("OMP_WAIT_POLICY")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_replicas_get_passive_openmp_waits(pool: RayEngine, loop: asyncio.AbstractEventLoop) -> None:
+    async def go() -> list:
+        return await asyncio.gather(*(a.__ray_call__.remote(_omp_policy) for a in pool.replicas()))
+
+    assert loop.run_until_complete(asyncio.wait_for(go(), 30)) == ["PASSIVE", "PASSIVE"]
+
+
+def test_replica_env_defaults_to_passive_and_keeps_driver_value(monkeypatch) -> None:
+    from pipeline.engines.ray_pool import replica_env
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    assert replica_env() == {"OMP_WAIT_POLICY": "PASSIVE"}
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    assert replica_env() == {"OMP_WAIT_POLICY": "ACTIVE"}

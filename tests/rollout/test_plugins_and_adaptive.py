@@ -118,3 +118,18 @@ def test_group_reward_gets_whole_groups_with_the_real_dispatcher(make_rollout, m
                                "n_samples_per_eval_prompt": 4}])
     res = ev(make_args(), 0)
     assert rollout_plugins.GROUP_SIZES == [4, 4] and len(res.data["e"]["rewards"]) == 8
+
+
+def test_adaptive_fetches_on_the_projected_count_fixed_on_drops():
+    fixed = OverSampler("fixed")
+    # 4 in flight, none decided: slime waits for drops
+    assert fixed.shortfall(4, submitted=4, dropped=0, kept=0, accepted=0, decided=0) == 0
+    assert fixed.shortfall(4, submitted=4, dropped=1, kept=0, accepted=0, decided=1) == 1
+    ad = OverSampler("adaptive", prior_pass_rate=1.0, prior_weight=0.0, smoothing=1.0)
+    assert ad.shortfall(4, submitted=4, dropped=0, kept=0, accepted=0, decided=0) == 0
+    # 1 kept, 1 dropped (p = 0.5), 2 in flight: projected 1 + 0.5 * 2 = 2 of 4 -> 2 missing
+    s = ad.shortfall(4, submitted=4, dropped=1, kept=1, accepted=1, decided=2)
+    assert s == pytest.approx(2.0)
+    assert ad.fetch_size(4, 4, s, accepted=1, decided=2) == 4
+    # once enough is in flight at the observed rate, no fetch is due
+    assert ad.shortfall(4, submitted=8, dropped=1, kept=1, accepted=1, decided=2) <= 0
