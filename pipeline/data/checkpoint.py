@@ -126,7 +126,8 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
         raw = path.read_bytes()
     except OSError as exc:
         raise CheckpointError(f"{path}: cannot read checkpoint ({exc})") from exc
-    head, sep, _ = raw.partition(b"\n")
+    end = raw.find(b"\n")  # the header line (no copy of the payload)
+    head, sep = (raw[:end], True) if end >= 0 else (raw, False)
     try:
         header = json.loads(head)
     except (json.JSONDecodeError, UnicodeDecodeError):

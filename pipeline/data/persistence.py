@@ -9,7 +9,7 @@ from typing import Any
 
 from pipeline.data import checkpoint as ckpt
 from pipeline.data.errors import CheckpointError, DataFingerprintMismatch
-from pipeline.data.sample_codec import gc_paused
+from pipeline.data.sample_codec import gc_paused, json_default
 
 __all__ = ["CheckpointMixin", "STATE_FORMAT"]
 
@@ -57,7 +57,7 @@ class CheckpointMixin:
         mutable object with the caller's dict; `load()` skips that for freshly read files.
         """
         if copy_state:
-            state = json.loads(json.dumps(state))
+            state = json.loads(json.dumps(state, default=json_default))
         if state.get("format") != STATE_FORMAT:
             raise CheckpointError(f"{source}: not a data-source state (format {state.get('format')!r})")
         diffs = ckpt.diff_fingerprints(state["fingerprint"], self.fingerprint())

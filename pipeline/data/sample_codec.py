@@ -26,7 +26,7 @@ import numpy as np
 from pipeline.data.errors import CheckpointError
 from pipeline.sample import Sample
 
-__all__ = ["encode_groups", "decode_groups", "gc_paused"]
+__all__ = ["encode_groups", "decode_groups", "gc_paused", "json_default"]
 
 
 @contextlib.contextmanager
@@ -75,6 +75,13 @@ def _b64(arr: np.ndarray) -> str:
     return base64.b64encode(arr.tobytes()).decode()
 
 
+def json_default(obj: Any) -> str:
+    """`json.dumps` hook: a packed numpy array (as `read_checkpoint` returns) as base64 text."""
+    if isinstance(obj, np.ndarray):
+        return _b64(np.ascontiguousarray(obj, dtype=obj.dtype.newbyteorder("<")))
+    raise TypeError(f"Object of type {type(obj).__name__} is not JSON serializable")
+
+
 def _raw(arr: np.ndarray) -> np.ndarray:
     return arr
 
@@ -102,11 +109,14 @@ def _flat_numbers(present: list[list[Any]], kind: type) -> np.ndarray | None:
 
     Ints: bytes() when every value fits a byte (loss masks), else a C `long long` array;
     floats (ints allowed) as a C double array. Both convert in C, with no per-value Python.
+    (Beyond a byte, a bool among ints would come back as the equal int.)
     """
     flat = list(chain.from_iterable(present))
     if kind is int:
         try:
-            return np.frombuffer(bytes(flat), dtype="<u1")
+            small = np.frombuffer(bytes(flat), dtype="<u1")
+            # bools fit a byte too; a mask of bools stays a JSON list so they come back as bools
+            return small if set(map(type, flat)) == {int} or not flat else None
         except (TypeError, ValueError):
             pass
         try:
@@ -124,7 +134,7 @@ def _flat_numbers(present: list[list[Any]], kind: type) -> np.ndarray | None:
 
 
 def _encode_array(values: list[Any], kind: type, pack: Any) -> dict[str, Any] | None:
-    """Base64 buffers for a column of `list[number] | None`, or None when not numeric.
+    """Packed flat values + lengths for a column of `list[number] | None` (None: not numeric).
 
     Ints use the smallest integer dtype that holds them; floats use float32 when that is
     exact for every value (log-probs of float32 engines), else float64. Values compare equal

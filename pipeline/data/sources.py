@@ -25,6 +25,7 @@ from pipeline.data.errors import DataError
 from pipeline.data.lengths import ArrayCache
 from pipeline.data.order import EpochOrder
 from pipeline.data.persistence import CheckpointMixin
+from pipeline.data.sample_codec import json_default
 from pipeline.data.slime_compat import import_path, kwargs_from_args, tokenizer_from_args
 from pipeline.rollout.contracts import is_sample_like
 from pipeline.sample import Sample
@@ -307,7 +308,7 @@ class BufferedDataSource(PlainDataSource):
     def load_state_dict(self, state: dict[str, Any], *, source: str = "state", copy_state: bool = True) -> None:
         """Restore counters, the buffer and the filter's state."""
         if copy_state:
-            state = json.loads(json.dumps(state))
+            state = json.loads(json.dumps(state, default=json_default))
         super().load_state_dict(state, source=source, copy_state=False)
         self.buffer = ckpt.decode_groups(state["buffer"]) if state.get("buffer") else []
         if state.get("buffer_filter") is not None and hasattr(self.buffer_filter, "load_state_dict"):

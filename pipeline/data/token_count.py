@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -72,10 +73,11 @@ class PretokenCounter:
             cache = self._cache
             findall = _GPT2_ASCII.findall
             pieces = [findall(batch[i]) for i in simple]
-            new = {p for ps in pieces for p in ps if p not in cache}
+            new = set(chain.from_iterable(pieces))  # this batch's unique pieces (C-level)
             if len(cache) + len(new) > _MAX_CACHE:
                 cache.clear()
-                new = {p for ps in pieces for p in ps}
+            else:
+                new = {p for p in new if p not in cache}
             if new:
                 words = list(new)
                 cache.update(zip(words, (len(e) for e in encode(words, add_special_tokens=False))))

@@ -171,7 +171,7 @@ class RayEngine:
                                    "max_batch_size": self.max_batch_size}
             if not ray.is_initialized():
                 self._init_ray(ray)
-            self._actor_cls = ray.remote(runtime_env={"env_vars": replica_env()})(_Replica)
+            self._actor_cls = ray.remote(_Replica)
             self._slots = [_Slot() for _ in range(self.num_replicas)]
             for i in range(self.num_replicas):
                 self._spawn(i)
@@ -245,6 +245,8 @@ class RayEngine:
             if self._abort_epoch != epoch:
                 return GenerationResult(request.request_id, [], "", "abort", [])
             i = await self._pick()
+            if self._abort_epoch != epoch:  # aborted while waiting for a ready replica
+                return GenerationResult(request.request_id, [], "", "abort", [])
             slot = self._slots[i]
             actor = slot.actor
             slot.inflight += 1

@@ -213,3 +213,17 @@ def test_in_memory_state_round_trip_shares_nothing(data5: str) -> None:
     other.load_state_dict(state)
     other.buffer[0][0].metadata["x"] = 1
     assert "x" not in src.buffer[0][0].metadata and other.state_dict()["buffer"] != state["buffer"]
+
+
+def test_state_from_read_checkpoint_loads_with_copy(tmp_path: Path, data5: str) -> None:
+    """`load_state_dict(read_checkpoint(path))` (the default copy) takes the raw arrays too."""
+    src = buffered(data5, tmp_path)
+    groups = src.get_samples(2)
+    for g in groups:
+        for s in g:
+            s.append_response_tokens(tokens=[3, 4], log_probs=[-0.5, -0.1])
+    src.add_samples(groups)
+    state = ckpt.read_checkpoint(src.save(2))
+    fresh = buffered(data5, tmp_path)
+    fresh.load_state_dict(state)
+    assert [[s.to_dict() for s in g] for g in fresh.buffer] == [[s.to_dict() for s in g] for g in src.buffer]

@@ -164,3 +164,16 @@ def test_metrics_and_tokenizer_from_args(tmp_path: Path, tokenizer_dir: str) -> 
     src.add_samples(src.get_samples(2))
     assert src.metrics() == {"buffer/size": 2.0, "data/epoch": 0.0, "data/skipped_rows": 0.0,
                              "data/too_long_prompts": 2.0, "buffer/stale_dropped": 0.0}
+
+
+def test_fetched_samples_equal_constructed_ones(data5: str) -> None:
+    """The template path of `get_samples` builds exactly what `Sample(...)` builds."""
+    from pipeline.data import sources
+
+    assert sources._FAST_INIT  # the fast path is the one under test
+    for g in PlainDataSource(path=data5, n_samples_per_prompt=3, seed=2).get_samples(4):
+        for s in g:
+            made = Sample(group_index=s.group_index, index=s.index, prompt=s.prompt, label=s.label,
+                          metadata=dict(s.metadata))
+            assert type(s) is Sample and s.__dict__ == made.__dict__ and list(vars(s)) == list(vars(made))
+        assert len({id(s.tokens) for s in g} | {id(s.weight_versions) for s in g} | {id(s.metadata) for s in g}) == 9

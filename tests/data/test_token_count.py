@@ -106,3 +106,14 @@ def test_ineligible_pipelines_fall_back() -> None:
     word = Tokenizer(models.WordLevel({"a": 0}, unk_token="a"))
     word.pre_tokenizer = pre_tokenizers.Whitespace()
     assert PretokenCounter.create(word) is None
+
+
+@pytest.mark.timeout(120)
+def test_small_batches_and_cache_resets_keep_counts(bpe_folder: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipeline.data import lengths, token_count
+
+    monkeypatch.setattr(lengths, "BATCH", 97)
+    monkeypatch.setattr(token_count, "_MAX_CACHE", 150)  # forces the piece cache to reset often
+    handle = TokenizerHandle(bpe_folder)
+    texts = adversarial_texts(1500, seed=11)
+    assert handle.count(texts).tolist() == [len(handle.obj.encode(t, add_special_tokens=False)) for t in texts]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Iterator
 
@@ -39,7 +40,13 @@ def loop() -> Iterator[asyncio.AbstractEventLoop]:
 def pool(model_path: str, loop: asyncio.AbstractEventLoop) -> Iterator[RayEngine]:
     engine = RayEngine(model_path, num_replicas=2, num_cpus=2, threads_per_replica=1,
                        max_batch_size=8)
-    loop.run_until_complete(asyncio.wait_for(engine.start(), 120))
+    # Ray's processes start without OMP_WAIT_POLICY, so replicas get it only from runtime_env
+    saved = os.environ.pop("OMP_WAIT_POLICY", None)
+    try:
+        loop.run_until_complete(asyncio.wait_for(engine.start(), 120))
+    finally:
+        if saved is not None:
+            os.environ["OMP_WAIT_POLICY"] = saved
     yield engine
     engine.close()
 
@@ -148,17 +155,15 @@ def test_abort_reaches_requests_in_transit_and_spares_later_ones(
     assert all(s.inflight == 0 for s in pool._slots)
 
 
-def _omp_policy(_replica: object) -> str | None:
-    import os
-
-    return os.environ.get("OMP_WAIT_POLICY")
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_replicas_get_passive_openmp_waits(pool: RayEngine, loop: asyncio.AbstractEventLoop) -> None:
+    # a nested function travels by value (a module-level one would be imported by module name)
+    def probe(_replica):
+        return __import__("os").environ.get("OMP_WAIT_POLICY")
+
     async def go() -> list:
-        return await asyncio.gather(*(a.__ray_call__.remote(_omp_policy) for a in pool.replicas()))
+        return await asyncio.gather(*(a.__ray_call__.remote(probe) for a in pool.replicas()))
 
     assert loop.run_until_complete(asyncio.wait_for(go(), 30)) == ["PASSIVE", "PASSIVE"]
 
@@ -170,3 +175,28 @@ def test_replica_env_defaults_to_passive_and_keeps_driver_value(monkeypatch) -> 
     assert replica_env() == {"OMP_WAIT_POLICY": "PASSIVE"}
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
     assert replica_env() == {"OMP_WAIT_POLICY": "ACTIVE"}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_abort_reaches_requests_queued_on_the_driver(pool: RayEngine, hf_engine,
+                                                     loop: asyncio.AbstractEventLoop) -> None:
+    tok = hf_engine.tokenizer
+
+    async def go() -> object:
+        saved = [s.ready for s in pool._slots]
+        for s in pool._slots:  # every replica (re)starting: the request waits on the driver
+            s.ready = False
+        try:
+            task = asyncio.create_task(pool.generate(
+                request(tok, "q", "Write a long poem.", temperature=1.0, max_new_tokens=200, seed=1)))
+            await asyncio.sleep(0.3)
+            assert not task.done()
+            await pool.abort_all()
+        finally:
+            for s, ready in zip(pool._slots, saved):
+                s.ready = ready
+        return await asyncio.wait_for(task, 3.0)
+
+    result = loop.run_until_complete(asyncio.wait_for(go(), 30))
+    assert result.finish_reason == "abort" and result.output_ids == []
