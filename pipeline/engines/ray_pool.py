@@ -171,7 +171,7 @@ class RayEngine:
                                    "max_batch_size": self.max_batch_size}
             if not ray.is_initialized():
                 self._init_ray(ray)
-            self._actor_cls = ray.remote(_Replica)
+            self._actor_cls = ray.remote(runtime_env={"env_vars": replica_env()})(_Replica)
             self._slots = [_Slot() for _ in range(self.num_replicas)]
             for i in range(self.num_replicas):
                 self._spawn(i)
