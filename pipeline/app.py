@@ -46,12 +46,12 @@ def run_identity(plain: dict[str, Any]) -> tuple[str, str | None]:
     return name, group
 
 
-def _target_of(node: Any) -> Any:
-    """The class or function a node names (None when it names nothing)."""
+def _target_of(node: Any, allowed: tuple[str, ...], where: str) -> Any:
+    """The class or function a node names (None when it names nothing); allowlist checked first."""
     if not isinstance(node, dict):
         return None
     path = node["_target_"] if "_target_" in node else node.get("path")
-    return load_object(path) if path else None
+    return load_object(path, allowed, where) if path else None
 
 
 def _accepts(obj: Any, name: str) -> bool:
@@ -121,7 +121,7 @@ def _load_tokenizer(plain: dict[str, Any]) -> Any:
 def _build(plain: dict[str, Any], args: SlimeArgs, allowed: tuple[str, ...], run_dir: str,
            closers: list[Any]) -> tuple[StageParts, Any, Schedule]:
     """Build engine, tokenizer, data source, reward, filters, rollout/eval functions, hooks."""
-    rollout_cls, eval_cls = _target_of(plain["rollout"]), _target_of(plain["eval"])
+    rollout_cls, eval_cls = _target_of(plain["rollout"], allowed, "rollout"), _target_of(plain["eval"], allowed, "eval")
     consumers = (rollout_cls, eval_cls)
     ds_node = dict(plain["data_source"])
     if ds_node.get("save_dir") is None:
@@ -146,8 +146,11 @@ def _build(plain: dict[str, Any], args: SlimeArgs, allowed: tuple[str, ...], run
     if plain["resume"]:
         last = data_source.load()
         if last is None:
+            save_dir = ds_node["save_dir"]
+            found = sorted(os.listdir(save_dir)) if os.path.isdir(save_dir) else []
             raise FileNotFoundError(
-                f"resume: no valid checkpoint in {ds_node['save_dir']}; expected checkpoints/rollout_<id>.json")
+                f"resume: no valid checkpoint in {save_dir}; expected checkpoints/rollout_<id>.json"
+                + (f" (found {found}, none loadable; the warnings above say why)" if found else ""))
         start = last + 1
         logger.info("resume: %s from checkpoint %d, next rollout %d", run_dir, last, start)
     needs_reward = any(_accepts(c, "reward") for c in consumers)

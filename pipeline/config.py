@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
+import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -30,7 +31,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
 
 
 class ConfigError(ValueError):
@@ -68,11 +68,13 @@ def check_allowed(target: str, allowed: Iterable[str], where: str = "") -> None:
                 return
         elif target == prefix or target.startswith(prefix + "."):
             return
-    hint = target.rsplit(".", 1)[0].split(".")[0] + "."
+    top = target.split(".")[0]
+    advice = (f"standard-library module {top!r} is not a plugin package (allowed_targets_extra is for your own "
+              f"packages)" if top in sys.stdlib_module_names
+              else f"if this is your own code, add its package with allowed_targets_extra=[{top}.]")
     raise TargetNotAllowedError(
         f"{where or 'plugin'}: target {target!r} is not allowed; allowed module prefixes are "
-        f"{list(_allowed_prefixes(allowed))}. If this is your own code, add its package with "
-        f"allowed_targets_extra=[{hint}]"
+        f"{list(_allowed_prefixes(allowed))}; {advice}"
     )
 
 
@@ -89,18 +91,38 @@ def load_object(path: str, allowed: Iterable[str] | None = None, where: str = ""
         # the path may name a nested attribute (pkg.mod.Class.method): try one level up
         if "." in module_name:
             try:
-                return getattr(load_object(module_name, None, where), attr)
+                obj = getattr(load_object(module_name, None, where), attr)
             except Exception:
                 pass
+            else:
+                if allowed is not None:
+                    _check_origin(obj, path, allowed, where)
+                return obj
         raise PluginImportError(
             f"{where or 'plugin'}: cannot import {path!r}: {type(exc).__name__}: {exc}"
         ) from exc
     try:
-        return getattr(module, attr)
+        obj = getattr(module, attr)
     except AttributeError as exc:
         raise PluginImportError(
             f"{where or 'plugin'}: cannot import {path!r}: module {module_name!r} has no attribute {attr!r}"
         ) from exc
+    if allowed is not None:
+        _check_origin(obj, path, allowed, where)
+    return obj
+
+
+def _check_origin(obj: Any, path: str, allowed: Iterable[str], where: str) -> None:
+    """Refuse an allowed-looking path that resolves to a module, function or class defined outside
+    the allowlist (`pipeline.app.os.system` is `posix.system`)."""
+    if inspect.ismodule(obj):
+        origin = obj.__name__
+    elif callable(obj) and isinstance(getattr(obj, "__module__", None), str) and hasattr(obj, "__qualname__"):
+        origin = f"{obj.__module__}.{obj.__qualname__}"
+    else:
+        return
+    if origin != path:
+        check_allowed(origin, allowed, f"{where or 'plugin'} ({path!r} resolves to {origin!r})")
 
 
 def _accepted_kwargs(fn: Any, runtime: Mapping[str, Any]) -> dict[str, Any]:
@@ -162,9 +184,15 @@ def build(
     extra = {} if node.get("_partial_") else {
         k: v for k, v in _accepted_kwargs(obj, runtime).items() if k not in node}
     try:
-        return instantiate(node, _convert_="all", **extra)
+        built = instantiate(node, _convert_="all", **extra)
     except Exception as exc:
-        raise ConfigError(f"{where or 'plugin'}: building {target!r} failed: {type(exc).__name__}: {exc}") from exc
+        # hydra wraps the target's own error in an InstantiationException: name the real one
+        cause = exc.__cause__ if type(exc).__name__ == "InstantiationException" and exc.__cause__ else exc
+        raise ConfigError(f"{where or 'plugin'}: building {target!r} failed: {type(cause).__name__}: {cause}") from exc
+    from pipeline.config_rules import check_call_signature
+
+    check_call_signature(built, target, where)
+    return built
 
 
 def _check_tree(node: Any, allowed: tuple[str, ...], where: str) -> None:
@@ -172,7 +200,7 @@ def _check_tree(node: Any, allowed: tuple[str, ...], where: str) -> None:
     if isinstance(node, dict):
         target = node.get("_target_")
         if isinstance(target, str):
-            check_allowed(target, allowed, where)
+            load_object(target, allowed, where)  # the allowlist, also on what the path resolves to
         for key, value in node.items():
             _check_tree(value, allowed, f"{where}.{key}" if where else str(key))
     elif isinstance(node, list):

@@ -6,11 +6,12 @@ raises them all at once so a user fixes a config in one go.
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 from typing import Any
 
-__all__ = ["collect_problems"]
+__all__ = ["check_call_signature", "collect_problems"]
 
 _SLICE = re.compile(r"@\[[^\]]*\]$")
 _POSITIVE_INTS = ("num_rollout", "rollout_batch_size", "n_samples_per_prompt", "over_sampling_batch_size",
@@ -54,6 +55,7 @@ def collect_problems(cfg: dict[str, Any]) -> list[str]:
     _data_path(cfg, out)
     _advantage(cfg, out)
     _plugins(cfg, out)
+    _allowlist(cfg, out)
     return out
 
 
@@ -176,3 +178,81 @@ def _plugins(cfg: dict[str, Any], out: list[str]) -> None:
     for group in ("rollout", "data_source", "logger"):
         if _target(cfg.get(group)) is None:
             out.append(f"{group}: the node has no _target_ or path; choose an option ({group}=...)")
+
+
+def _targets_to_check(cfg: dict[str, Any]) -> list[tuple[str, str]]:
+    """(config key, dotted path) of every plugin the config names (`hydra` left out)."""
+    found: list[tuple[str, str]] = []
+
+    def walk(node: Any, key: str) -> None:
+        if isinstance(node, dict):
+            if isinstance(node.get("_target_"), str):
+                found.append((f"{key}._target_", node["_target_"]))
+            for k, v in node.items():
+                walk(v, f"{key}.{k}" if key else str(k))
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                walk(v, f"{key}[{i}]")
+
+    walk({k: v for k, v in cfg.items() if k != "hydra"}, "")
+    for group, node in cfg.items():  # top-level groups named by `path` (functions)
+        if isinstance(node, dict) and "_target_" not in node and isinstance(node.get("path"), str):
+            found.append((f"{group}.path", node["path"]))
+    for key in _HOOK_KEYS:
+        if isinstance(cfg.get(key), str):
+            found.append((key, cfg[key]))
+    reward = cfg.get("reward")
+    if isinstance(reward, dict) and isinstance(reward.get("custom_rm_path"), str) and reward["custom_rm_path"] != "???":
+        found.append(("reward.custom_rm_path", reward["custom_rm_path"]))
+    return found
+
+
+def _allowlist(cfg: dict[str, Any], out: list[str]) -> None:
+    """Every named plugin is inside the `_target_` allowlist (checked before anything is imported)."""
+    from pipeline.config import ConfigError, check_allowed
+
+    allowed = [x for key in ("allowed_targets", "allowed_targets_extra")
+               for x in (cfg.get(key) if isinstance(cfg.get(key), list) else [])]
+    for key, target in _targets_to_check(cfg):
+        try:
+            check_allowed(target, allowed, key)
+        except ConfigError as exc:
+            out.append(str(exc))
+
+
+# ------------------------------------------------------------------ plugin call signatures
+# config key -> (how the pipeline calls the plugin, positional args, keyword args)
+_SIGNATURES: dict[str, tuple[str, int, tuple[str, ...]]] = {
+    "filter": ("fn(args, rollout_id, buffer, num_samples) -> list[list[Sample]]", 4, ()),
+    "dynamic_filter": ("fn(args, samples) -> DynamicFilterOutput | bool", 2, ()),
+    "rollout": ("fn(args, rollout_id, data_source, evaluation=False) -> RolloutFnTrainOutput", 3, ("evaluation",)),
+    "eval": ("fn(args, rollout_id, data_source, evaluation=True) -> RolloutFnEvalOutput", 3, ("evaluation",)),
+    "custom_reward_post_process_path": ("fn(args, samples) -> (raw_rewards, rewards)", 2, ()),
+    "custom_convert_samples_to_train_data_path": ("fn(args, samples) -> dict", 2, ()),
+    "rollout_sample_filter_path": ("fn(args, groups) -> None", 2, ()),
+    "custom_rollout_log_function_path": (
+        "fn(rollout_id, args, samples, extra_metrics, rollout_time) -> bool", 5, ()),
+    "reward function (custom_rm_path)": ("fn(args, sample) -> reward (or fn(args, samples) with group_rm)", 2, ()),
+}
+
+
+def check_call_signature(fn: Any, target: str, where: str) -> None:
+    """Raise ConfigError when plugin `fn` (built for config key `where`) cannot be called the way
+    the pipeline calls it; unknown keys and objects without a signature pass."""
+    from pipeline.config import ConfigError
+
+    if where not in _SIGNATURES or fn is None:
+        return
+    expected, n_pos, kwargs = _SIGNATURES[where]
+    if not callable(fn):
+        raise ConfigError(f"{where}: {target!r} built a {type(fn).__name__}, which is not callable; "
+                          f"expected {expected}")
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    try:
+        sig.bind(*([None] * n_pos), **{k: False for k in kwargs})
+    except TypeError as exc:
+        raise ConfigError(f"{where}: {target!r} has the signature {sig}, but the pipeline calls it as "
+                          f"{expected} ({exc})") from None

@@ -181,6 +181,7 @@ class JsonLinesStore:
         chunk = memoryview(self._data)[int(self._starts[0]):int(self._ends[-1])]
         try:
             table = pajson.read_json(pa.BufferReader(pa.py_buffer(chunk)))
+            table.validate(full=True)  # arrow's JSON reader lets invalid UTF-8 through unchecked
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
             logger.info("%s: columnar JSON parse not possible (%s); validating line by line",
                         self.path, exc)

@@ -2,11 +2,12 @@
 
 Samples are stored column-wise: the numeric per-token lists (tokens, loss_mask,
 rollout_log_probs) as one concatenated array per field plus a lengths array, in the smallest
-exact dtype (else plain JSON lists); string fields interned, int fields as arrays, constant
-fields once, dicts with the same keys (metadata) one column per key, every other field as one
-JSON list, extra attributes per sample. Arrays are base64 text in the JSON-able form
-(`state_dict`) and numpy arrays with `raw=True` (stored as raw bytes by `checkpoint`).
-Decoding converts each array with one `.tolist()` and builds fresh `Sample` objects.
+exact dtype (else plain JSON lists); a column of all-1 int lists (loss masks) as its lengths
+only, a column of bit-identical lists as one row. String fields interned, int fields as
+arrays, constant fields once, dicts with the same keys (metadata) one column per key, every
+other field as one JSON list, extra attributes per sample. Arrays are base64 text in the
+JSON-able form (`state_dict`) and numpy arrays with `raw=True` (stored as raw bytes by
+`checkpoint`). Decoding converts each array with one `.tolist()` and builds fresh `Sample` objects.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import contextlib
 import dataclasses
 import gc
 import operator
+from collections import deque
 from collections.abc import Iterator
 from itertools import chain, repeat
 from typing import Any
@@ -104,33 +106,48 @@ def _smallest_int(arr: np.ndarray) -> np.ndarray:
     return arr.astype("<i8")
 
 
+def _packed(code: str, present: list[list[Any]]) -> np.ndarray:
+    """The lists concatenated into a C array (`array.fromlist` per list: one pass in C, no
+    intermediate flat list). TypeError / OverflowError when a value does not fit `code`."""
+    arr = array.array(code)
+    deque(map(arr.fromlist, present), maxlen=0)
+    return np.frombuffer(arr, dtype=np.int64 if code == "q" else np.float64)
+
+
 def _flat_numbers(present: list[list[Any]], kind: type) -> np.ndarray | None:
     """All values of `present` concatenated as a numpy array, or None when not all numbers.
 
-    Ints: bytes() when every value fits a byte (loss masks), else a C `long long` array;
-    floats (ints allowed) as a C double array. Both convert in C, with no per-value Python.
-    (Beyond a byte, a bool among ints would come back as the equal int.)
+    Ints as a C `long long` array, then the smallest exact dtype; floats (ints allowed) as a
+    C double array, then float32 when that is bit-exact. No per-value Python. A column that
+    fits a byte (loss masks) must hold only ints: a mask of bools stays a JSON list so they
+    come back as bools (beyond a byte, a bool among ints would come back as the equal int).
     """
-    flat = list(chain.from_iterable(present))
-    if kind is int:
-        try:
-            small = np.frombuffer(bytes(flat), dtype="<u1")
-            # bools fit a byte too; a mask of bools stays a JSON list so they come back as bools
-            return small if set(map(type, flat)) == {int} or not flat else None
-        except (TypeError, ValueError):
-            pass
-        try:
-            return _smallest_int(np.frombuffer(array.array("q", flat), dtype=np.int64))
-        except (TypeError, OverflowError):
-            return None
     try:
-        arr = np.frombuffer(array.array("d", flat), dtype=np.float64)
+        arr = _packed("q" if kind is int else "d", present)
     except (TypeError, OverflowError):
         return None
+    if kind is int:
+        small = _smallest_int(arr)
+        if small.dtype == np.uint8 and small.size and \
+                operator.countOf(map(type, chain.from_iterable(present)), int) != small.size:
+            return None
+        return small
     f32 = arr.astype("<f4")
-    back = f32.astype(np.float64)
-    exact = np.array_equal(back, arr) or np.array_equal(back, arr, equal_nan=True)
+    exact = np.array_equal(f32.astype(np.float64).view(np.uint64), arr.view(np.uint64))  # bit-exact
     return f32 if exact else arr.astype("<f8")
+
+
+def _all_ones(present: list[list[Any]]) -> bool:
+    """Whether every value of every list is the int 1 (a loss mask that trains on everything)."""
+    try:  # `==` on foreign values (numpy arrays) may raise: then they are not plain 1s
+        first = next(filter(None, present), [])
+        if first.count(1) != len(first):  # cheap early out (token ids)
+            return False
+        total = sum(map(len, present))
+        return sum(map(list.count, present, repeat(1))) == total \
+            and operator.countOf(map(type, chain.from_iterable(present)), int) == total  # no True / 1.0
+    except (TypeError, ValueError):
+        return False
 
 
 def _encode_array(values: list[Any], kind: type, pack: Any) -> dict[str, Any] | None:
@@ -138,32 +155,48 @@ def _encode_array(values: list[Any], kind: type, pack: Any) -> dict[str, Any] | 
 
     Ints use the smallest integer dtype that holds them; floats use float32 when that is
     exact for every value (log-probs of float32 engines), else float64. Values compare equal
-    after a round trip (an int inside a float list comes back as the equal float).
+    after a round trip (an int inside a float list comes back as the equal float). An int
+    column of nothing but 1s (the common loss mask) stores only its lengths (`"fill": 1`).
     """
-    present = [v for v in values if v is not None]
+    present = [v for v in values if v is not None] if any(map(operator.is_, values, repeat(None))) else values
     if not set(map(type, present)) <= {list}:
-        return None
-    arr = _flat_numbers(present, kind)
-    if arr is None:
         return None
     if len(present) == len(values):
         lengths = _smallest_int(np.fromiter(map(len, values), np.int64, len(values)))
     else:
         lengths = _smallest_int(np.fromiter((-1 if v is None else len(v) for v in values), np.int64, len(values)))
-    return {"dtype": arr.dtype.str, "lengths": pack(lengths), "lengths_dtype": lengths.dtype.str,
-            "data": pack(arr)}
+    head = {"lengths": pack(lengths), "lengths_dtype": lengths.dtype.str}
+    if kind is int and present and _all_ones(present):
+        return {**head, "fill": 1}
+    arr = _flat_numbers(present, kind)
+    if arr is None:
+        return None
+    if len(present) == len(values) and len(lengths) > 1 and lengths[0] > 0 and (lengths == lengths[0]).all():
+        rows = arr.reshape(len(lengths), int(lengths[0]))
+        bits = rows.view(f"<u{rows.dtype.itemsize}")  # bit-exact (-0.0, NaN payloads)
+        if (bits == bits[0]).all():  # every sample holds the same list: store it once
+            return {"dtype": arr.dtype.str, **head, "data": pack(rows[0]), "same_rows": True}
+    return {"dtype": arr.dtype.str, **head, "data": pack(arr)}
 
 
 def _decode_array(enc: dict[str, Any]) -> list[list[Any] | None]:
     lengths = _unpack(enc["lengths"], enc["lengths_dtype"]).astype(np.int64)
+    if "fill" in enc:  # a fresh list per sample: [fill] * length
+        out: list[list[Any] | None] = list(map(operator.mul, repeat([enc["fill"]]),
+                                               np.maximum(lengths, 0).tolist()))
+        for i in np.flatnonzero(lengths < 0).tolist():
+            out[i] = None
+        return out
     data = _unpack(enc["data"], enc["dtype"])
     if data.dtype.kind == "f":
         data = data.astype(np.float64)  # float32 values come back as the same Python floats
+    if enc.get("same_rows"):  # a fresh list per sample, sharing the (immutable) numbers
+        return list(map(list, repeat(data.tolist(), len(lengths))))
     if len(lengths) and (lengths == lengths[0]).all() and lengths[0] > 0:
         return data.reshape(len(lengths), int(lengths[0])).tolist()  # equal lengths: one C call
     flat = data.tolist()
     ends = np.cumsum(np.maximum(lengths, 0)).tolist()
-    out: list[list[Any] | None] = [flat[a:b] for a, b in zip([0] + ends[:-1], ends)]
+    out = [flat[a:b] for a, b in zip([0] + ends[:-1], ends)]
     for i in np.flatnonzero(lengths < 0).tolist():
         out[i] = None
     return out
@@ -227,6 +260,9 @@ def _column(dicts: list[dict[str, Any]], name: str, default: Any) -> list[Any]:
         return [d[name] if name in d else default() for d in dicts]
 
 
+_ALL = tuple(_ARRAYS) + _FIELDS
+
+
 def encode_groups(groups: list[list[Any]], raw: bool = False) -> dict[str, Any]:
     """JSON-able, lossless encoding of groups of samples (ours or slime's).
 
@@ -235,24 +271,30 @@ def encode_groups(groups: list[list[Any]], raw: bool = False) -> dict[str, Any]:
     """
     pack = _raw if raw else _b64
     with gc_paused():
-        dicts = [s.__dict__ if type(s) is Sample else _sample_dict(s) for g in groups for s in g]
-        out: dict[str, Any] = {"group_sizes": [len(g) for g in groups], "columns": {}, "arrays": {}}
+        samples = list(chain.from_iterable(groups))
+        if set(map(type, samples)) <= {Sample}:
+            dicts = list(map(vars, samples))
+        else:
+            dicts = [s.__dict__ if type(s) is Sample else _sample_dict(s) for s in samples]
+        out: dict[str, Any] = {"group_sizes": list(map(len, groups)), "columns": {}, "arrays": {}}
+        columns = {name: _column(dicts, name, (lambda: None) if name in _ARRAYS else _default(name))
+                   for name in _ALL}
         for name, kind in _ARRAYS.items():
-            values = _column(dicts, name, lambda: None)
+            values = columns[name]
             enc = _encode_array(values, kind, pack)
             if enc is None:
                 out["columns"][name] = {"values": values}
             else:
                 out["arrays"][name] = enc
         for name in _FIELDS:
-            values = _column(dicts, name, _default(name))
+            values = columns[name]
             if name == "status":  # a Status is a str: the table maps members and strings
                 values = list(map(_STATUS_VALUE.get, values, values))
             out["columns"][name] = _encode_column(values, pack)
         fields = Sample.__dataclass_fields__
         # a Sample's dict holds exactly its fields unless it carries extra attributes
-        extras = [[i, {k: v for k, v in d.items() if k not in fields}]
-                  for i, d in enumerate(dicts) if len(d) != len(fields)]
+        odd = np.flatnonzero(np.fromiter(map(len, dicts), np.int64, len(dicts)) != len(fields)).tolist()
+        extras = [[i, {k: v for k, v in dicts[i].items() if k not in fields}] for i in odd]
         out["extras"] = [e for e in extras if e[1]]
         return out
 

@@ -6,7 +6,8 @@ seeded by the request's sampling seed, or (when no seed is given) by the prompt 
 request id. The answer is right with probability `correct_rate`, so rewards vary.
 
 It honours `max_new_tokens` (finish "length"), stop strings / stop token ids (finish "stop"),
-an optional per-token delay (so abort and partial rollout can be tested), and `abort_all`
+an optional per-token delay plus a random (unseeded) jitter on top, so abort, partial rollout
+and completion-order independence can be tested, and `abort_all`
 (in-flight requests return their partial output with finish "abort"). Log-probs are fake
 but deterministic. With a fixed seed, a request whose input already ends with a prefix of its
 script continues the script where it stopped (coherent continuation after an abort).
@@ -144,6 +145,7 @@ class ScriptedEngine:
         self,
         correct_rate: float = 0.5,
         token_delay: float = 0.0,
+        token_delay_jitter: float = 0.0,
         max_filler: int = 3,
         seed: int = 0,
         tokenizer: Any = None,
@@ -152,10 +154,15 @@ class ScriptedEngine:
             raise ValueError(f"engine.correct_rate must be in [0, 1], got {correct_rate}")
         if token_delay < 0:
             raise ValueError(f"engine.token_delay must be >= 0 seconds, got {token_delay}")
+        if token_delay_jitter < 0:
+            raise ValueError(f"engine.token_delay_jitter must be >= 0 seconds, got {token_delay_jitter}")
         if max_filler < 0:
             raise ValueError(f"engine.max_filler must be >= 0, got {max_filler}")
         self.correct_rate = float(correct_rate)
         self.token_delay = float(token_delay)
+        self.token_delay_jitter = float(token_delay_jitter)
+        # unseeded on purpose: the jitter shuffles completion order from run to run
+        self._jitter_rng = random.Random()
         self.max_filler = int(max_filler)
         self.seed = int(seed)
         self.tokenizer = tokenizer if tokenizer is not None else ByteTokenizer()
@@ -210,8 +217,11 @@ class ScriptedEngine:
                 if len(out) >= sp.max_new_tokens:
                     finish = "length"
                     break
-                if self.token_delay > 0:
-                    await asyncio.sleep(self.token_delay)
+                delay = self.token_delay
+                if self.token_delay_jitter > 0:
+                    delay += self._jitter_rng.uniform(0.0, self.token_delay_jitter)
+                if delay > 0:
+                    await asyncio.sleep(delay)
                 if self._abort_epoch != epoch:
                     finish = "abort"
                     break
@@ -226,7 +236,7 @@ class ScriptedEngine:
                     break
             else:
                 finish = "stop"
-            if self.token_delay == 0:
+            if self.token_delay == 0 and self.token_delay_jitter == 0:
                 await asyncio.sleep(0)  # let other tasks run even without a delay
         finally:
             st.in_flight -= 1

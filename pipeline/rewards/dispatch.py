@@ -101,7 +101,11 @@ class RewardDispatcher:
             allowed = _arg(args, "allowed_targets", None)
             if allowed is not None:
                 allowed = tuple(allowed) + tuple(_arg(args, "allowed_targets_extra", None) or ())
-            self._fns[path] = load_object(path, allowed, "reward function (custom_rm_path)")
+            from pipeline.config_rules import check_call_signature
+
+            fn = load_object(path, allowed, "reward function (custom_rm_path)")
+            check_call_signature(fn, path, "reward function (custom_rm_path)")
+            self._fns[path] = fn
         return self._fns[path]
 
     async def _one_custom(self, args: Any, path: str, sample: Any, out: list[Any], i: int) -> None:

@@ -32,6 +32,7 @@ __all__ = [
     "encode_prompt",
     "encode_prompts",
     "sample_seed",
+    "continuation_seed",
     "reset_sample",
     "is_finished",
     "call_custom_generate",
@@ -142,6 +143,14 @@ def sample_seed(seed: int, group_index: int | None, position: int) -> int:
     return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
 
 
+def continuation_seed(seed: int, response_ids: list[int]) -> int:
+    """Stable 31-bit seed for continuing a partial sample: from its own seed and the response
+    tokens it already has, so the same partial sample always continues the same way."""
+    h = hashlib.sha256(f"{seed}:".encode())
+    h.update(b",".join(str(int(t)).encode() for t in response_ids))
+    return int.from_bytes(h.digest()[:4], "little") & 0x7FFFFFFF
+
+
 def reset_sample(sample: Sample) -> None:
     """Back to a fresh prompt: drop the response, reward and partial-rollout bookkeeping."""
     if sample.response_length:
@@ -174,6 +183,9 @@ async def default_generate(
         if getattr(args, "mask_offpolicy_in_partial_rollout", False):
             sample.loss_mask = [0] * sample.response_length
     params = to_engine_params({**sampling_params, "max_new_tokens": budget})
+    if continued and params.seed is not None:
+        response_ids = sample.tokens[len(sample.tokens) - sample.response_length:]
+        params = dataclasses.replace(params, seed=continuation_seed(params.seed, response_ids))
     ctx.requests += 1
     request = GenerationRequest(
         request_id=f"r{ctx.rollout_id}-s{sample.index}-{ctx.requests}",

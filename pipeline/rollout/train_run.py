@@ -7,8 +7,14 @@ finish, the dynamic filter keeps or drops them (drop iff not keep and not (keep_
 and remaining ≤ target)). When the batch is full, in-flight generation is aborted; unfinished
 groups go back to the buffer with partial_rollout, completed surplus groups are carried to the
 next rollout when the source is buffered (a completed group older than `surplus_max_staleness`
-rollouts is regenerated instead of reused). In deterministic mode, per-sample seeds come from
-(seed, group_index, position) and groups are admitted strictly in submission order.
+rollouts is regenerated instead of reused).
+
+Deterministic mode: per-sample seeds come from (seed, group_index, position); each fetch is
+submitted in index order and groups are decided strictly in that order, so the batch is the
+first rollout_batch_size groups that pass the dynamic filter, whatever the completion timing.
+Every group not admitted (surplus or unfinished) goes back to the buffer reset to a fresh
+prompt, in index order: what had been generated for it depends on timing, its seeded
+regeneration does not.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from pipeline.rollout.sample_generate import (
 )
 from pipeline.sample import Sample
 
-__all__ = ["TrainRun", "flatten_group", "first_index"]
+__all__ = ["TrainRun", "flatten_group", "first_index", "group_key"]
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +63,13 @@ def first_index(group: list[Any]) -> int:
     """Index of the group's first sample (the output sort key)."""
     first = flatten_group(group)[0]
     return first.index if first.index is not None else -1
+
+
+def group_key(group: list[Any]) -> tuple[int, int]:
+    """(group_index, first sample index) of a group; missing values sort first."""
+    first = flatten_group(group)[0]
+    gi, idx = getattr(first, "group_index", None), getattr(first, "index", None)
+    return (-1 if gi is None else int(gi), -1 if idx is None else int(idx))
 
 
 def buffer_size(data_source: Any) -> int:
@@ -148,6 +161,8 @@ class TrainRun:
                                    f"when asked for {k}")
             self.count["fetch_rounds"] += 1
             self.count["groups_fetched"] += len(groups)
+            if self.o.deterministic:  # admitted in index order, whatever the source's order
+                groups = sorted(groups, key=group_key)
             encode_prompts(self.ctx.tokenizer, [s for g in groups for s in g
                                                 if isinstance(s, Sample) and not is_finished(s)])
             for group in groups:
@@ -275,6 +290,12 @@ class TrainRun:
     def _park_surplus(self, flight: _Flight) -> None:
         # not filtered here: the dynamic filter decides when the group is used next rollout
         if self.buffered and self.o.carry_surplus and not any(isinstance(s, list) for s in flight.group):
+            if self.o.deterministic:
+                # whether a surplus group finished before the batch filled depends on timing:
+                # carry it as fresh prompts so the buffer (and its regeneration) is the same
+                for s in flight.group:
+                    reset_sample(s)
+                self.count["wasted_tokens"] += flight.tokens
             self._mark_start(flight.group)
             self._pending_buffer.append(flight.group)
             self.count["surplus_groups_carried"] += 1
@@ -292,9 +313,12 @@ class TrainRun:
             if isinstance(item, list):  # a fan-out cannot be continued: restart its sample
                 item = flight.originals[pos]
                 reset_sample(item)
-            elif self.o.deterministic and not is_finished(item):
-                reset_sample(item)  # seeded regeneration is reproducible, partial tokens are not
+            elif self.o.deterministic:
+                # what got generated before the abort depends on timing; seeded regeneration does not
+                reset_sample(item)
             group.append(item)
+        if self.o.deterministic:
+            self.count["wasted_tokens"] += flight.tokens
         self._mark_start(group)
         pending.append(group)
         self.count["aborted_groups_to_buffer"] += 1

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import Any
+
+from pipeline.sinks.redact import redact, redact_text
 
 __all__ = ["WandbSink", "RUN_ID_FILE"]
 
@@ -37,14 +40,21 @@ class WandbSink:
         run_id = id_file.read_text().strip() if resume and id_file.exists() else None
         if resume and run_id is None:
             logger.warning("resume: %s has no %s; starting a new wandb run", run_dir, RUN_ID_FILE)
-        self.run = wandb.init(
-            project=self.project, entity=self.entity, name=name, group=group, tags=self.tags,
-            notes=self.notes, config=config, dir=run_dir, mode=mode, id=run_id,
-            resume="allow" if run_id else None, reinit="finish_previous",
-            # no wandb banners / run summaries on the console (the run's summary table says
-            # where the offline run is); WANDB_SILENT=false brings them back
-            settings=wandb.Settings(silent=os.environ.get("WANDB_SILENT", "true").lower() != "false"),
-        )
+        # api keys, tokens, passwords, auth headers never reach wandb (pipeline.sinks.redact): the
+        # config is redacted, so is the run name (made of the command-line overrides) and sys.argv,
+        # which wandb records in the run metadata
+        argv, sys.argv = sys.argv, [redact_text(a) for a in sys.argv]
+        try:
+            self.run = wandb.init(
+                project=self.project, entity=self.entity, name=redact_text(name), group=group, tags=self.tags,
+                notes=self.notes, config=redact(config), dir=run_dir, mode=mode, id=run_id,
+                resume="allow" if run_id else None, reinit="finish_previous",
+                # no wandb banners / run summaries on the console (the run's summary table says
+                # where the offline run is); WANDB_SILENT=false brings them back
+                settings=wandb.Settings(silent=os.environ.get("WANDB_SILENT", "true").lower() != "false"),
+            )
+        finally:
+            sys.argv = argv
         id_file.write_text(self.run.id)
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:

@@ -15,6 +15,7 @@ A custom hook `fn(args, samples) -> (raw_rewards, rewards)` replaces this stage.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -40,6 +41,11 @@ def raw_reward_values(args: Any, samples: list[Any]) -> list[float]:
             raise ValueError(
                 f"sample {s.index}: reward {value!r} is not a number; set reward_key=<name> for "
                 f"dict rewards, and make sure every sample was scored"
+            )
+        if not math.isfinite(value):
+            raise ValueError(
+                f"sample {s.index}: reward {value!r} is not a finite number; the reward function "
+                f"(or reward_key entry) must return a real number"
             )
         raw.append(value)
     return raw

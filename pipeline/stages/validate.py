@@ -1,4 +1,4 @@
-"""Stage: check rollout_id consistency of fan-out siblings (SPEC §7)."""
+"""Stage: check group sizes and the rollout_id consistency of fan-out siblings (SPEC §7)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 from pipeline.rollout.contracts import is_sample_like
 from pipeline.stages.context import RolloutContext, StageParts
 
-__all__ = ["RolloutIdError", "check_rollout_ids", "validate_stage"]
+__all__ = ["GroupSizeError", "RolloutIdError", "check_group_sizes", "check_rollout_ids", "validate_stage"]
 
 
 class RolloutIdError(ValueError):
@@ -41,6 +41,28 @@ def check_rollout_ids(output: list[Any]) -> None:
         )
 
 
+def check_group_sizes(output: list[Any], n_samples_per_prompt: int) -> None:
+    """Each top-level group that is a flat list of samples holds `n_samples_per_prompt` of them
+    (fan-out groups, with nested lists, are free). An output without samples is left to `flatten`."""
+    if not any(isinstance(g, list) and g for g in output):
+        return
+    for i, group in enumerate(output):
+        if not isinstance(group, list) or any(isinstance(x, list) for x in group):
+            continue
+        if len(group) != n_samples_per_prompt:
+            raise GroupSizeError(
+                f"rollout function: group samples[{i}] has {len(group)} samples; expected "
+                f"n_samples_per_prompt={n_samples_per_prompt} (one group per prompt, list[list[Sample]])")
+
+
+class GroupSizeError(ValueError):
+    """A group of the rollout output has the wrong number of samples."""
+
+
 def validate_stage(ctx: RolloutContext, parts: StageParts) -> None:
-    """Stage wrapper of `check_rollout_ids`."""
+    """Stage wrapper of `check_group_sizes` and `check_rollout_ids`."""
+    # a stand-in args namespace (unit tests) may not carry n_samples_per_prompt: no size check then
+    n = getattr(parts.args, "n_samples_per_prompt", None)
+    if isinstance(n, int):
+        check_group_sizes(ctx.groups, n)
     check_rollout_ids(ctx.groups)

@@ -5,6 +5,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
+import struct
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +44,47 @@ def test_encode_groups_is_lossless() -> None:
     assert after[0][0].status is Sample.Status.ABORTED and after[0][0].extra_note == {"kept": True}
     assert after[0][0].loss_mask == [1, 1, 0] and after[0][0].rollout_log_probs == [-0.1, -1e-300, 0.0]
     assert after[0][0].metadata is not after[0][1].metadata
+
+
+@pytest.mark.parametrize("raw", [False, True])
+def test_all_ones_masks_and_identical_rows_are_stored_once_yet_lossless(raw: bool) -> None:
+    def make() -> list[list[Sample]]:
+        return [[Sample(index=i, tokens=[1, 2, 3], loss_mask=[1, 1], rollout_log_probs=[-0.0, float("nan")])
+                 for i in range(3)]]
+
+    groups = make()
+    enc = ckpt.encode_groups(groups, raw=raw)
+    arrays = enc["arrays"]
+    assert arrays["loss_mask"]["fill"] == 1 and "data" not in arrays["loss_mask"]
+    assert arrays["tokens"]["same_rows"] and arrays["rollout_log_probs"]["same_rows"]
+    after = ckpt.decode_groups(enc if raw else json.loads(json.dumps(enc)))[0]
+    assert [(s.tokens, s.loss_mask) for s in after] == [([1, 2, 3], [1, 1])] * 3
+    lp = after[2].rollout_log_probs
+    assert math.copysign(1, lp[0]) == -1 and math.isnan(lp[1])  # bit-exact: -0.0 stays -0.0
+    # every sample gets its own lists
+    assert len({id(x) for s in after for x in (s.tokens, s.loss_mask, s.rollout_log_probs)}) == 9
+    after[0].tokens.append(4), after[0].loss_mask.append(0)
+    assert after[1].tokens == [1, 2, 3] and after[1].loss_mask == [1, 1]
+    # rows that differ in one bit (0.0 vs -0.0), bools in a mask, a None mask: not collapsed, still exact
+    groups = make()
+    groups[0][1].rollout_log_probs = [0.0, float("nan")]
+    groups[0][0].loss_mask, groups[0][1].loss_mask = [True, 1], None
+    enc = json.loads(json.dumps(ckpt.encode_groups(groups)))
+    assert "same_rows" not in enc["arrays"]["rollout_log_probs"] and "loss_mask" not in enc["arrays"]
+    after = ckpt.decode_groups(enc)[0]
+    assert [math.copysign(1, s.rollout_log_probs[0]) for s in after] == [-1, 1, -1]
+    assert [s.loss_mask for s in after] == [[True, 1], None, [1, 1]] and after[0].loss_mask[0] is True
+    # a NaN with a payload float32 cannot hold is stored as float64, bit for bit
+    nan = struct.unpack("<d", struct.pack("<Q", 0x7FF8000000000001))[0]
+    enc = ckpt.encode_groups([[Sample(rollout_log_probs=[nan, -0.5]), Sample(rollout_log_probs=[0.25, 1.0])]])
+    assert enc["arrays"]["rollout_log_probs"]["dtype"] == "<f8"
+    got = ckpt.decode_groups(json.loads(json.dumps(enc)))[0][0].rollout_log_probs[0]
+    assert struct.pack("<d", got) == struct.pack("<d", nan)
+    groups = make()
+    groups[0][1].loss_mask = None
+    enc = ckpt.encode_groups(groups)
+    assert enc["arrays"]["loss_mask"]["fill"] == 1
+    assert [s.loss_mask for s in ckpt.decode_groups(json.loads(json.dumps(enc)))[0]] == [[1, 1], None, [1, 1]]
 
 
 def buffered(path: str, save_dir: Path, **kw: Any) -> BufferedDataSource:
@@ -132,13 +176,14 @@ def test_no_pickle_json_plus_raw_arrays(tmp_path: Path, data5: str) -> None:
     groups = src.get_samples(2)
     for g in groups:
         for s in g:
-            s.append_response_tokens(tokens=[5, 6, 70000], log_probs=[-0.5, -0.25, -1e-9])
+            s.append_response_tokens(tokens=[5, 6, 70000 + s.index], log_probs=[-0.5, -0.25, -1e-9])
     src.add_samples(groups)
     path = src.save(3)
+    want = [t for s in chain.from_iterable(groups) for t in [5, 6, 70000 + s.index]]
     raw = path.read_bytes()
     head, _, payload = raw.partition(b"\n")
     header = json.loads(head)
-    assert header["magic"] == ckpt.MAGIC and header["version"] == ckpt.VERSION == 2
+    assert header["magic"] == ckpt.MAGIC and header["version"] == ckpt.VERSION == 3
     state = json.loads(payload[:header["json_size"]])  # the JSON line
     assert state["buffer"]["group_sizes"] == [2, 2] and payload[header["json_size"] - 1:header["json_size"]] == b"\n"
     # the rest is exactly the raw arrays the header lists (no pickle, nothing else)
@@ -146,12 +191,12 @@ def test_no_pickle_json_plus_raw_arrays(tmp_path: Path, data5: str) -> None:
     tokens = arrays[("buffer", "arrays", "tokens", "data")]
     assert tokens["dtype"] == "<u4" and tokens["shape"] == [12]
     data = np.frombuffer(payload, dtype="<u4", count=12, offset=tokens["offset"])
-    assert data.tolist() == [5, 6, 70000] * 4
+    assert data.tolist() == want
     assert header["size"] == len(payload) == max(a["offset"] + a["nbytes"] for a in header["arrays"])
     assert not list(tmp_path.glob("*.tmp"))
     # the JSON state holds no array: the array places are null until read_checkpoint fills them
     assert state["buffer"]["arrays"]["tokens"]["data"] is None
-    assert ckpt.read_checkpoint(path)["buffer"]["arrays"]["tokens"]["data"].tolist() == [5, 6, 70000] * 4
+    assert ckpt.read_checkpoint(path)["buffer"]["arrays"]["tokens"]["data"].tolist() == want
 
 
 def test_reads_a_version_1_checkpoint(tmp_path: Path, data5: str) -> None:
@@ -164,6 +209,31 @@ def test_reads_a_version_1_checkpoint(tmp_path: Path, data5: str) -> None:
     src.add_samples(groups)
     payload = json.dumps({**src.state_dict(), "rollout_id": 4}).encode()
     header = {"magic": ckpt.MAGIC, "version": 1, "size": len(payload), "sha256": hashlib.sha256(payload).hexdigest()}
+    (tmp_path / "rollout_4.json").write_bytes(json.dumps(header).encode() + b"\n" + payload)
+    fresh = buffered(data5, tmp_path)
+    assert fresh.load() == 4
+    assert [[s.to_dict() for s in g] for g in fresh.buffer] == [[s.to_dict() for s in g] for g in src.buffer]
+
+
+def test_reads_a_version_2_checkpoint(tmp_path: Path, data5: str) -> None:
+    """Files of format 2 (flat `data` arrays only, no `fill` / `same_rows`) still load."""
+    src = buffered(data5, tmp_path)
+    groups = src.get_samples(2)
+    for g in groups:
+        for s in g:
+            s.append_response_tokens(tokens=[1, 2], log_probs=[-0.5, -0.1])
+    src.add_samples(groups)
+    state = {**src.state_dict(), "rollout_id": 4}
+    flat = list(chain.from_iterable(groups))
+    for name, values in (("tokens", [s.tokens for s in flat]), ("loss_mask", [s.loss_mask for s in flat]),
+                         ("rollout_log_probs", [s.rollout_log_probs for s in flat])):
+        data = np.array(list(chain.from_iterable(values)), dtype="<f8" if name == "rollout_log_probs" else "<i4")
+        state["buffer"]["arrays"][name] = {"dtype": data.dtype.str, "lengths": np.array(list(map(len, values)), "<u1"),
+                                           "lengths_dtype": "<u1", "data": data}
+    ckpt.write_checkpoint(tmp_path / "rollout_4.json", state)
+    raw = (tmp_path / "rollout_4.json").read_bytes()
+    head, _, payload = raw.partition(b"\n")
+    header = {**json.loads(head), "version": 2}
     (tmp_path / "rollout_4.json").write_bytes(json.dumps(header).encode() + b"\n" + payload)
     fresh = buffered(data5, tmp_path)
     assert fresh.load() == 4

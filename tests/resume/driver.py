@@ -1,0 +1,80 @@
+"""Runs `run.py` with named pause points, so the resume harness can SIGKILL at a chosen moment.
+
+Usage: `python tests/resume/driver.py <hydra overrides>`. With `RESUME_MARKS=<file>` set, each
+named point appends a line `<point> <n>` (n: how often it was reached in this process) to that
+file and then sleeps `RESUME_PAUSE` seconds (default 0), leaving the harness a window to kill
+the process exactly there. Points:
+
+- `generate`: a scripted-engine request starts
+- `reward`: a reward call starts
+- `persist`: a train-data / sample dump is about to be renamed into place (temp file written)
+- `checkpoint`: a data-source checkpoint is about to be renamed into place (temp file written,
+  the previous checkpoint still the newest)
+
+The patches live only in this test driver; the pipeline has no test hooks.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+_COUNTS: Counter[str] = Counter()
+
+
+def mark(point: str) -> float:
+    """Record that `point` was reached; returns the pause (seconds) to take there."""
+    marks = os.environ.get("RESUME_MARKS")
+    if not marks:
+        return 0.0
+    _COUNTS[point] += 1
+    with open(marks, "a", encoding="utf-8") as f:
+        f.write(f"{point} {_COUNTS[point]}\n")
+        f.flush()
+        os.fsync(f.fileno())
+    return float(os.environ.get("RESUME_PAUSE", "0") or 0)
+
+
+def install() -> None:
+    """Wrap the engine, the reward dispatcher and os.replace with `mark` calls."""
+    import asyncio
+
+    from pipeline.engines.scripted import ScriptedEngine
+    from pipeline.rewards.dispatch import RewardDispatcher
+
+    real_generate, real_score, real_replace = ScriptedEngine.generate, RewardDispatcher.score, os.replace
+
+    async def generate(self, request):  # type: ignore[no-untyped-def]
+        await asyncio.sleep(mark("generate"))
+        return await real_generate(self, request)
+
+    async def score(self, args, samples):  # type: ignore[no-untyped-def]
+        await asyncio.sleep(mark("reward"))
+        return await real_score(self, args, samples)
+
+    def replace(src, dst, *a, **kw):  # type: ignore[no-untyped-def]
+        d = str(dst)
+        point = "checkpoint" if f"{os.sep}checkpoints{os.sep}" in d else \
+            "persist" if f"{os.sep}train_data{os.sep}" in d or f"{os.sep}samples{os.sep}" in d else None
+        if point is not None:
+            time.sleep(mark(point))
+        return real_replace(src, dst, *a, **kw)
+
+    ScriptedEngine.generate = generate  # type: ignore[method-assign]
+    RewardDispatcher.score = score  # type: ignore[method-assign]
+    os.replace = replace  # type: ignore[assignment]
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    os.chdir(ROOT)
+    sys.path.insert(0, str(ROOT))
+    install()
+    import runpy
+
+    sys.argv = [str(ROOT / "run.py"), *sys.argv[1:]]
+    runpy.run_path(str(ROOT / "run.py"), run_name="__main__")
