@@ -91,10 +91,11 @@ def child(phase: str, data: str, tokenizer: str, cache: str, max_len: int) -> di
         out["samples_per_cpu_s"] = n_samples / (_cpu() - c0)
     if phase == "checkpoint":
         groups = src.get_samples(10_000)
-        # log-probs as a float32 engine returns them (exact in float32, stored as such)
-        log_probs = [float(x) for x in array.array("f", [-0.01 * k for k in range(32)])]
+        # distinct log-probs per sample, as a float32 engine returns them (exact in float32)
+        rng = random.Random(0)
         for g in groups:
             for j, s in enumerate(g):
+                log_probs = [float(x) for x in array.array("f", [-5.0 * rng.random() for _ in range(32)])]
                 s.tokens = list(range(1000, 1032))
                 s.append_response_tokens(tokens=list(range(j, j + 32)), log_probs=log_probs,
                                          text="partial answer " * 4, meta_info={"finish_reason": {"type": "abort"}})
