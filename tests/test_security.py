@@ -318,7 +318,8 @@ def test_redact_hides_secret_keys_only():
                       "headers": {"Authorization": "Bearer t0k"}, "extra_body": {"client_secret": "s"}},
            "hf_token": "hf_x", "db": {"password": "p", "passwd": "p2"}, "wandb_api_key": "w",
            "rollout_stop_token_ids": [1], "tokenizer": "tok", "env_key": "${oc.env:OPENAI_API_KEY,null}",
-           "api_key": "${oc.env:OPENAI_API_KEY,null}", "token": None, "list": [{"apikey": "a"}]}
+           "api_key": "${oc.env:OPENAI_API_KEY,null}", "token": None, "list": [{"apikey": "a"}],
+           "secrets": {"_target_": "x.Y", "password": "p3"}}
     out = redact(cfg)
     assert out["engine"]["api_key"] == out["engine"]["headers"]["Authorization"] == REDACTED
     assert out["engine"]["extra_body"]["client_secret"] == out["hf_token"] == out["wandb_api_key"] == REDACTED
@@ -326,6 +327,7 @@ def test_redact_hides_secret_keys_only():
     assert out["engine"]["base_url"] == f"http://u:{REDACTED}@host:1/v1"
     assert out["engine"]["max_tokens"] == 5 and out["rollout_stop_token_ids"] == [1] and out["tokenizer"] == "tok"
     assert out["api_key"] == "${oc.env:OPENAI_API_KEY,null}" and out["token"] is None
+    assert out["secrets"] == {"_target_": "x.Y", "password": REDACTED}  # a node is walked, not dropped
     assert cfg["engine"]["api_key"] == "sk-1"  # a copy
     assert redact_text("engine.api_key=sk-1,num_rollout=2,+x.auth_token=abc def") == \
         f"engine.api_key={REDACTED},num_rollout=2,+x.auth_token={REDACTED}"
@@ -384,3 +386,7 @@ def test_cli_run_leaves_no_secret_in_any_file(tmp_path):
     leaks = [(str(p.relative_to(run_dir)), s) for p in files for s in secrets if s.encode() in p.read_bytes()]
     assert leaks == []
     assert not [s for s in secrets if s in proc.stdout + proc.stderr]
+    hydra_dir = run_dir / ".hydra"
+    assert f"engine.api_key={REDACTED}" in (hydra_dir / "overrides.yaml").read_text()
+    assert "pipeline.sinks.redact.RedactHydraFiles" in (hydra_dir / "hydra.yaml").read_text()  # nothing else lost
+    assert "base_url: http://127.0.0.1:8000" in (hydra_dir / "config.yaml").read_text()

@@ -51,13 +51,18 @@ def _is_interpolation(value: Any) -> bool:
     return isinstance(value, str) and value.startswith("${") and value.endswith("}")
 
 
+def _is_value(value: Any) -> bool:
+    """A secret-named key holding this is redacted: a scalar, not None, not an interpolation
+    (a node under such a name, e.g. `headers`, is walked instead)."""
+    return value is not None and not isinstance(value, (dict, list, tuple)) and not _is_interpolation(value)
+
+
 def redact(obj: Any) -> Any:
     """A copy of a (nested) plain config with secret values replaced; other values unchanged."""
     if isinstance(obj, (DictConfig, ListConfig)):
         obj = OmegaConf.to_container(obj, resolve=False)
     if isinstance(obj, dict):
-        return {k: (REDACTED if is_secret_key(k) and v is not None and not _is_interpolation(v) else redact(v))
-                for k, v in obj.items()}
+        return {k: (REDACTED if is_secret_key(k) and _is_value(v) else redact(v)) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [redact(v) for v in obj]
     if isinstance(obj, str):
@@ -89,4 +94,4 @@ class RedactHydraFiles(Callback):
             return
         changed = redact_hydra_dir(Path(config.hydra.runtime.output_dir) / subdir)
         if changed:
-            logger.info("redacted secrets in %s", ", ".join(p.name for p in changed))
+            logger.debug("redacted secrets in %s", ", ".join(p.name for p in changed))

@@ -46,7 +46,7 @@ def write_prompts(path: Path, n: int) -> Path:
 
 
 def overrides(data: Path, num_rollout: int, deterministic: bool, dynamic_filter: str = "nonzero_std",
-              token_delay: float = 0.002) -> list[str]:
+              token_delay: float = 0.002, over_sampling: str = "fixed") -> list[str]:
     """The CLI overrides of a harness run (scripted engine, buffered source, partial rollout)."""
     return [
         "engine=scripted", f"engine.token_delay={token_delay}", f"engine.token_delay_jitter={token_delay}",
@@ -54,7 +54,7 @@ def overrides(data: Path, num_rollout: int, deterministic: bool, dynamic_filter:
         f"dynamic_filter={dynamic_filter}", "partial_rollout=true", "save_interval=1",
         "rollout_batch_size=3", "over_sampling_batch_size=5", "n_samples_per_prompt=3",
         "rollout_max_response_len=64", f"num_rollout={num_rollout}", "logger=jsonl",
-        "rollout.progress=false", "rollout.summary=false", f"rollout.deterministic={str(deterministic).lower()}",
+        f"rollout.over_sampling={over_sampling}", "rollout.progress=false", "rollout.summary=false", f"rollout.deterministic={str(deterministic).lower()}",
     ]
 
 
@@ -192,6 +192,11 @@ def compare(ref: Path, got: Path, num_rollout: int, data: Path, num_prompts: int
         ra, rb = per_epoch["ref"].get(epoch, Counter()), per_epoch["got"].get(epoch, Counter())
         out.lost += sum((ra - rb).values())
         out.duplicated += sum((rb - ra).values())
+    if deterministic:  # the fetch sizes and the carried pass-rate estimate too
+        for ma, mb in zip(_metrics(ref), _metrics(got), strict=True):
+            for key in ("rollout/groups_submitted", "rollout/pass_rate_ema", "rollout/buffer_size"):
+                if ma.get(key) != mb.get(key):
+                    out.problems.append(f"step {ma['step']}: {key} {ma.get(key)} vs {mb.get(key)}")
     buf_a, buf_b = final_buffer(ref, data, n), final_buffer(got, data, n)
     if [x[:2] for x in buf_a] != [x[:2] for x in buf_b]:
         out.problems.append(f"final buffer differs: {buf_a[:4]} vs {buf_b[:4]}")
@@ -210,6 +215,10 @@ def accounting(run_dir: Path, num_rollout: int, data: Path, n: int) -> tuple[int
     lost = sum(1 for gi in taken if places[gi] == 0)
     duplicated = sum(c - 1 for c in places.values() if c > 1) + sum(1 for gi in places if gi not in taken)
     return len(taken), lost, duplicated
+
+
+def _metrics(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
 def _group_runs(run_dir: Path, num_rollout: int, n: int) -> list[int]:

@@ -52,3 +52,16 @@ def test_kill_during_train_data_write_loses_and_repeats_nothing(data, tmp_path):
     assert killed == 2 and resumes >= 1
     taken, lost, duplicated = harness.accounting(run_dir, NUM_ROLLOUT, data, N)
     assert taken >= NUM_ROLLOUT * 3 and (lost, duplicated) == (0, 0)
+
+
+@pytest.mark.timeout(90)
+def test_adaptive_over_sampling_state_survives_a_kill(data, tmp_path):
+    """The adaptive pass-rate estimate travels in the checkpoint: after kills the fetch sizes,
+    the estimate and the buffer match the uninterrupted run (deterministic mode)."""
+    args = harness.overrides(data, NUM_ROLLOUT, True, over_sampling="adaptive")
+    ref = tmp_path / "ref"
+    harness.run_to_end(args + [f"hydra.run.dir={ref}"])
+    got, killed, _ = harness.killed_run(tmp_path, args, [("checkpoint", 2), ("checkpoint", 3)], random.Random(2))
+    assert killed == 2
+    result = harness.compare(ref, got, NUM_ROLLOUT, data, NUM_PROMPTS, N, deterministic=True)
+    assert result.problems == [] and (result.lost, result.duplicated) == (0, 0)
