@@ -59,7 +59,7 @@ class Pipeline:
         """Run every scheduled rollout; returns the metrics of the last step."""
         sched = self.schedule
         last: dict[str, Any] = {}
-        pass  # TMP self.restore_rollout_state()
+        self.restore_rollout_state()
         for rollout_id in range(sched.start_rollout_id, sched.num_rollout):
             metrics: dict[str, Any] = {}
             if rollout_id == sched.start_rollout_id and sched.eval_before_train and self.eval_fn is not None:

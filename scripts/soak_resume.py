@@ -17,6 +17,7 @@ import random
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "resume"))
@@ -49,6 +50,8 @@ def main() -> int:
           f"groups_compared={result.groups_compared} lost={result.lost} duplicated={result.duplicated} "
           f"dumps_identical={not result.problems} time={time.monotonic() - start:.0f}s "
           f"{'PASS' if ok else 'FAIL'} (work dir {work})")
+    by_point = Counter(point for point, _ in kills[:killed])
+    print("  kills by moment: " + ", ".join(f"{p}={by_point[p]}" for p in harness.POINTS))
     for problem in result.problems:
         print(f"  {problem}")
     return 0 if ok else 1

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.rollout.contracts import RolloutFnTrainOutput, as_filter_output
+from pipeline.rollout.groups import buffer_size, first_index, flatten_group, group_key
 from pipeline.rollout.rollout_report import Progress, format_summary
 from pipeline.rollout.sample_generate import (
     GenContext, bind, call_custom_generate, default_generate, encode_prompts, is_finished,
@@ -49,34 +50,6 @@ class _Flight:
     group: list[Any]
     tokens: int = 0
     originals: dict[int, Sample] = field(default_factory=dict)
-
-
-def flatten_group(group: list[Any]) -> list[Any]:
-    """Samples of a group, fan-out lists expanded."""
-    out: list[Any] = []
-    for item in group:
-        out.extend(item if isinstance(item, list) else [item])
-    return out
-
-
-def first_index(group: list[Any]) -> int:
-    """Index of the group's first sample (the output sort key)."""
-    first = flatten_group(group)[0]
-    return first.index if first.index is not None else -1
-
-
-def group_key(group: list[Any]) -> tuple[int, int]:
-    """(group_index, first sample index) of a group; missing values sort first."""
-    first = flatten_group(group)[0]
-    gi, idx = getattr(first, "group_index", None), getattr(first, "index", None)
-    return (-1 if gi is None else int(gi), -1 if idx is None else int(idx))
-
-
-def buffer_size(data_source: Any) -> int:
-    """Groups in the data source's buffer (0 for a plain source)."""
-    if hasattr(data_source, "get_buffer_length"):
-        return int(data_source.get_buffer_length())
-    return len(getattr(data_source, "buffer", None) or [])
 
 
 class TrainRun:
