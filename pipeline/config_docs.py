@@ -15,7 +15,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from pipeline.sinks.files import atomic_write_text
+from pipeline.atomic import atomic_write_text
 
 __all__ = ["OUTPUTS", "README", "describe", "readme_block", "render", "with_readme_block"]
 

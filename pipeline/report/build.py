@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from pipeline.report.files import atomic_write_bytes
+from pipeline.atomic import atomic_write_bytes
 from pipeline.report.load import find_runs
 from pipeline.report.plots import plot_runs
 from pipeline.report.tables import group_runs, run_table, seed_keys, swept_keys, sweep_tables

@@ -13,7 +13,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from pipeline.report.load import RunData  # noqa: E402
 from pipeline.report.panels import PANELS, panel_keys  # noqa: E402
-from pipeline.report.files import atomic_write_bytes  # noqa: E402
+from pipeline.atomic import atomic_write_bytes  # noqa: E402
 
 __all__ = ["plot_runs"]
 

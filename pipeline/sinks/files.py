@@ -17,25 +17,11 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-__all__ = ["atomic_write_text", "load_train_data", "read_samples", "write_samples", "write_train_data"]
+from pipeline.atomic import atomic_write_text
+
+__all__ = ["load_train_data", "read_samples", "write_samples", "write_train_data"]
 
 _FORMAT = "rollout-pipeline/train-data/v1"
-
-
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
-    """Write `text` to `path` via a temp file in the same folder and a rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _num_kind(values: list[Any]) -> str | None:

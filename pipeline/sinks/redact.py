@@ -72,7 +72,7 @@ def redact(obj: Any) -> Any:
 
 def redact_hydra_dir(hydra_dir: str | Path) -> list[Path]:
     """Rewrite the YAML files of a `.hydra` folder with secrets redacted; returns the files changed."""
-    from pipeline.sinks.files import atomic_write_text
+    from pipeline.atomic import atomic_write_text
 
     changed = []
     for path in sorted(Path(hydra_dir).glob("*.yaml")):

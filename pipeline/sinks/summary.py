@@ -10,7 +10,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.sinks.files import atomic_write_text
+from pipeline.atomic import atomic_write_text
 from pipeline.sinks.jsonl import read_metrics
 
 __all__ = ["SweepSummary", "summarize_sweep"]
