@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import os
@@ -111,6 +112,24 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                 close()
 
 
+def _naming_errors(fn: Any, node: dict[str, Any] | None, where: str) -> Any:
+    """`fn` whose exceptions carry a note naming its path, when `node` names a function plugin
+    (`path: pkg.mod.fn`); built objects (`_target_`) are returned as they are."""
+    if fn is None or not isinstance(node, dict) or "_target_" in node or not node.get("path"):
+        return fn
+    path = node["path"]
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            exc.add_note(f"raised by the {where} plugin {path!r}: fix it, or set {where}.path to another "
+                         f"function, then resume=<run dir> from the last checkpoint")
+            raise
+    return call
+
+
 def _load_tokenizer(plain: dict[str, Any]) -> Any:
     """The tokenizer of `hf_checkpoint` (for engines that load theirs lazily)."""
     from pipeline.engines.assets import load_tokenizer, resolve_checkpoint
@@ -155,11 +174,13 @@ def _build(plain: dict[str, Any], args: SlimeArgs, allowed: tuple[str, ...], run
         logger.info("resume: %s from checkpoint %d, next rollout %d", run_dir, last, start)
     needs_reward = any(_accepts(c, "reward") for c in consumers)
     reward = build(plain["reward"], allowed=allowed, where="reward") if needs_reward else None
-    dynamic_filter = build(plain["dynamic_filter"], allowed=allowed, where="dynamic_filter")
+    dynamic_filter = _naming_errors(build(plain["dynamic_filter"], allowed=allowed, where="dynamic_filter"),
+                                    plain["dynamic_filter"], "dynamic_filter")
     runtime = dict(engine=engine, reward=reward, dynamic_filter=dynamic_filter, tokenizer=tokenizer,
                    args=args, run_dir=run_dir)
-    rollout_fn = build(plain["rollout"], allowed=allowed, where="rollout", **runtime)
-    eval_fn = build(plain["eval"], allowed=allowed, where="eval", **runtime)
+    rollout_fn = _naming_errors(build(plain["rollout"], allowed=allowed, where="rollout", **runtime),
+                                plain["rollout"], "rollout")
+    eval_fn = _naming_errors(build(plain["eval"], allowed=allowed, where="eval", **runtime), plain["eval"], "eval")
     closers.extend(x for x in (rollout_fn, eval_fn, data_source) if x is not None)
     hooks = {field: build({"path": plain[key]}, allowed=allowed, where=key) for key, field in _HOOKS.items()}
     parts = StageParts(args=args, data_source=data_source, rollout_fn=rollout_fn, run_dir=run_dir, **hooks)

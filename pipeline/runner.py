@@ -12,7 +12,7 @@ from pipeline.sinks.files import write_samples
 from pipeline.sinks.jsonl import MetricsJsonl
 from pipeline.stages import STAGES, RolloutContext, StageParts
 from pipeline.stages.log import eval_metrics
-from pipeline.stages.persist import samples_path
+from pipeline.stages.persist import samples_path, train_data_path
 
 __all__ = ["Pipeline", "Schedule", "ROLLOUT_STATE_KEY"]
 
@@ -71,11 +71,29 @@ class Pipeline:
             if sched.should_save(rollout_id):
                 start = time.perf_counter()
                 self.stash_rollout_state()
-                self.parts.data_source.save(rollout_id)
+                try:
+                    self.parts.data_source.save(rollout_id)
+                except OSError as exc:
+                    raise self.save_error(exc, f"the data-source checkpoint {self.checkpoint_file(rollout_id)}",
+                                          rollout_id) from exc
                 metrics["perf/stage/checkpoint_time"] = time.perf_counter() - start
             self.emit(rollout_id, metrics)
             last = metrics
         return last
+
+    def checkpoint_file(self, rollout_id: int) -> str:
+        """The checkpoint path `data_source.save(rollout_id)` writes (its folder when unknown)."""
+        save_dir = getattr(self.parts.data_source, "save_dir", None)
+        return f"{save_dir}/rollout_{rollout_id}.json" if save_dir is not None else "(no save_dir)"
+
+    def save_error(self, exc: OSError, what: str, rollout_id: int) -> OSError:
+        """A clear error for a failed write (disk full, read-only, permissions), logged."""
+        target = f" ({exc.filename})" if exc.filename else ""
+        msg = (f"writing {what}{target} failed: {exc.strerror or exc}. Nothing of rollout {rollout_id} "
+               f"was checkpointed; the previous checkpoint is intact. Free disk space or fix the "
+               f"folder's permissions, then resume=<run dir>")
+        logger.error(msg)
+        return OSError(exc.errno, msg)
 
     def stash_rollout_state(self) -> None:
         """Put the rollout function's state (e.g. the adaptive pass-rate estimate) into the data
@@ -104,6 +122,14 @@ class Pipeline:
             start = time.perf_counter()
             try:
                 stage(ctx, self.parts)
+            except OSError as exc:
+                if name != "persist":
+                    exc.add_note(f"in stage {name!r} of rollout {rollout_id}")
+                    raise
+                run_dir = str(self.parts.run_dir)
+                what = (f"the train data {train_data_path(run_dir, rollout_id)}.safetensors/.json or the "
+                        f"sample dump {samples_path(run_dir, rollout_id)}")
+                raise self.save_error(exc, what, rollout_id) from exc
             except Exception as exc:
                 exc.add_note(f"in stage {name!r} of rollout {rollout_id}")
                 raise

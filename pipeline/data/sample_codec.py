@@ -111,7 +111,7 @@ def _packed(code: str, present: list[list[Any]]) -> np.ndarray:
     intermediate flat list). TypeError / OverflowError when a value does not fit `code`."""
     arr = array.array(code)
     deque(map(arr.fromlist, present), maxlen=0)
-    return np.frombuffer(arr, dtype=np.int64 if code == "q" else np.float64)
+    return np.frombuffer(arr, dtype={"i": np.intc, "q": np.int64}.get(code, np.float64))
 
 
 def _flat_numbers(present: list[list[Any]], kind: type) -> np.ndarray | None:
@@ -123,7 +123,10 @@ def _flat_numbers(present: list[list[Any]], kind: type) -> np.ndarray | None:
     come back as bools (beyond a byte, a bool among ints would come back as the equal int).
     """
     try:
-        arr = _packed("q" if kind is int else "d", present)
+        try:  # a C int array first (token ids fit): `fromlist` into it is faster
+            arr = _packed("i" if kind is int else "d", present)
+        except OverflowError:
+            arr = _packed("q", present)
     except (TypeError, OverflowError):
         return None
     if kind is int:
@@ -150,13 +153,52 @@ def _all_ones(present: list[list[Any]]) -> bool:
         return False
 
 
-def _encode_array(values: list[Any], kind: type, pack: Any) -> dict[str, Any] | None:
+def _split(data: np.ndarray, lengths: np.ndarray) -> list[list[Any]]:
+    """`data` cut into fresh lists of `lengths` (all >= 0): one `.tolist()`, then slices."""
+    if len(lengths) and lengths[0] > 0 and (lengths == lengths[0]).all():
+        return data.reshape(len(lengths), int(lengths[0])).tolist()  # equal lengths: one C call
+    flat = data.tolist()
+    ends = np.cumsum(lengths).tolist()
+    return [flat[a:b] for a, b in zip([0] + ends[:-1], ends)]
+
+
+def _shared_prefix(arr: np.ndarray, lengths: np.ndarray, sizes: list[int],
+                   response_lengths: list[Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(prefix length per group, the group prefixes, the rest of every row) when the samples
+    of every group start with the same prompt (`tokens[:len - response_length]`), else None.
+
+    Vectorised: no per-sample Python. Stored once per group, the prompt also comes back as
+    one list per group whose (immutable) ints every sample's fresh token list shares.
+    """
+    sz = np.asarray(sizes, dtype=np.int64)
+    if not len(sz) or (sz <= 0).any() or len(response_lengths) != len(lengths) or \
+            set(map(type, response_lengths)) != {int}:
+        return None
+    lens = lengths.astype(np.int64)
+    first = np.repeat(np.cumsum(sz) - sz, sz)  # each sample's group's first sample
+    prompt = lens - np.asarray(response_lengths, dtype=np.int64)
+    if (prompt < 0).any() or (prompt != prompt[first]).any() or not (prompt[first] != first).any():
+        return None
+    starts = np.cumsum(lens) - lens
+    offs = np.arange(int(prompt.sum())) - np.repeat(np.cumsum(prompt) - prompt, prompt)
+    idx = np.repeat(starts, prompt) + offs
+    if not (arr[idx] == arr[np.repeat(starts[first], prompt) + offs]).all():
+        return None
+    rest = np.ones(len(arr), dtype=bool)
+    rest[idx] = False
+    lead = first == np.arange(len(lens))
+    return prompt[lead], arr[idx[np.repeat(lead, prompt)]], arr[rest]
+
+
+def _encode_array(values: list[Any], kind: type, pack: Any,
+                  groups: tuple[list[int], list[Any]] | None = None) -> dict[str, Any] | None:
     """Packed flat values + lengths for a column of `list[number] | None` (None: not numeric).
 
     Ints use the smallest integer dtype that holds them; floats use float32 when that is
     exact for every value (log-probs of float32 engines), else float64. Values compare equal
     after a round trip (an int inside a float list comes back as the equal float). An int
     column of nothing but 1s (the common loss mask) stores only its lengths (`"fill": 1`).
+    With `groups` (group sizes, response lengths), a prompt shared by a group is stored once.
     """
     present = [v for v in values if v is not None] if any(map(operator.is_, values, repeat(None))) else values
     if not set(map(type, present)) <= {list}:
@@ -176,11 +218,23 @@ def _encode_array(values: list[Any], kind: type, pack: Any) -> dict[str, Any] | 
         bits = rows.view(f"<u{rows.dtype.itemsize}")  # bit-exact (-0.0, NaN payloads)
         if (bits == bits[0]).all():  # every sample holds the same list: store it once
             return {"dtype": arr.dtype.str, **head, "data": pack(rows[0]), "same_rows": True}
+    shared = _shared_prefix(arr, lengths, *groups) if groups and len(present) == len(values) else None
+    if shared is not None:
+        plens = _smallest_int(shared[0])
+        return {"dtype": arr.dtype.str, **head, "data": pack(shared[2]), "prefix": pack(shared[1]),
+                "prefix_lengths": pack(plens), "prefix_lengths_dtype": plens.dtype.str}
     return {"dtype": arr.dtype.str, **head, "data": pack(arr)}
 
 
-def _decode_array(enc: dict[str, Any]) -> list[list[Any] | None]:
+def _decode_array(enc: dict[str, Any], sizes: list[int]) -> list[list[Any] | None]:
     lengths = _unpack(enc["lengths"], enc["lengths_dtype"]).astype(np.int64)
+    if "prefix" in enc:  # one prompt per group + each sample's rest: fresh concatenated lists
+        plens = _unpack(enc["prefix_lengths"], enc["prefix_lengths_dtype"]).astype(np.int64)
+        if len(plens) != len(sizes) or int(np.sum(sizes)) != len(lengths):
+            raise CheckpointError(f"tokens: {len(plens)} shared prompts for {len(sizes)} groups")
+        prompts = _split(_unpack(enc["prefix"], enc["dtype"]), plens)
+        rest = _split(_unpack(enc["data"], enc["dtype"]), lengths - np.repeat(plens, sizes))
+        return list(map(operator.add, chain.from_iterable(map(repeat, prompts, sizes)), rest))
     if "fill" in enc:  # a fresh list per sample: [fill] * length
         out: list[list[Any] | None] = list(map(operator.mul, repeat([enc["fill"]]),
                                                np.maximum(lengths, 0).tolist()))
@@ -261,6 +315,7 @@ def _column(dicts: list[dict[str, Any]], name: str, default: Any) -> list[Any]:
 
 
 _ALL = tuple(_ARRAYS) + _FIELDS
+_GET_ALL = operator.itemgetter(*_ALL)
 
 
 def encode_groups(groups: list[list[Any]], raw: bool = False) -> dict[str, Any]:
@@ -277,11 +332,17 @@ def encode_groups(groups: list[list[Any]], raw: bool = False) -> dict[str, Any]:
         else:
             dicts = [s.__dict__ if type(s) is Sample else _sample_dict(s) for s in samples]
         out: dict[str, Any] = {"group_sizes": list(map(len, groups)), "columns": {}, "arrays": {}}
-        columns = {name: _column(dicts, name, (lambda: None) if name in _ARRAYS else _default(name))
-                   for name in _ALL}
+        try:  # one pass over the dicts (each is touched once), then a C-level transpose
+            columns = dict(zip(_ALL, map(list, zip(*map(_GET_ALL, dicts))))) if dicts else {}
+        except KeyError:  # a foreign sample lacks a field: its default
+            columns = {}
+        if not columns:
+            columns = {name: _column(dicts, name, (lambda: None) if name in _ARRAYS else _default(name))
+                       for name in _ALL}
         for name, kind in _ARRAYS.items():
             values = columns[name]
-            enc = _encode_array(values, kind, pack)
+            enc = _encode_array(values, kind, pack, (out["group_sizes"], columns["response_length"])
+                                if name == "tokens" else None)
             if enc is None:
                 out["columns"][name] = {"values": values}
             else:
@@ -321,7 +382,7 @@ def decode_groups(enc: dict[str, Any]) -> list[list[Sample]]:
                 columns[name] = _decode_column(col, total)
         for name, arr in enc["arrays"].items():
             base[name] = None
-            columns[name] = _decode_array(arr)
+            columns[name] = _decode_array(arr, sizes)
         base = dict(sorted(base.items(), key=lambda kv: _POSITION.get(kv[0], len(_POSITION))))
         if "status" in columns:
             columns["status"] = list(map(_STATUS.__getitem__, columns["status"]))

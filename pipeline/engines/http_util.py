@@ -4,6 +4,7 @@ per-event-loop clients/semaphores (asyncio objects are bound to the loop that ma
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 from collections.abc import Awaitable, Callable
@@ -22,10 +23,11 @@ RETRYABLE_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 
 
 def is_retryable(exc: BaseException) -> bool:
-    """True for transport errors, timeouts and retryable HTTP status codes."""
+    """True for transport errors, timeouts, retryable HTTP status codes and malformed JSON
+    answers (a truncated or garbled body from an overloaded server or proxy)."""
     if isinstance(exc, httpx.HTTPStatusError):
         return exc.response.status_code in RETRYABLE_STATUS
-    return isinstance(exc, (httpx.TransportError, httpx.TimeoutException))
+    return isinstance(exc, (httpx.TransportError, httpx.TimeoutException, json.JSONDecodeError))
 
 
 async def with_retries(
@@ -33,13 +35,17 @@ async def with_retries(
     max_backoff_s: float = 10.0,
 ) -> T:
     """Run `call`, retrying retryable failures up to `max_retries` times with exponential
-    backoff (full jitter). The last error is raised with `what` in the log."""
+    backoff (full jitter), each logged as a WARNING with the attempt number. The last error is
+    raised with a note naming `what` and the number of attempts."""
     attempt = 0
     while True:
         try:
             return await call()
         except Exception as exc:  # noqa: BLE001 - filtered by is_retryable
             if attempt >= max_retries or not is_retryable(exc):
+                exc.add_note(f"{what}: gave up after {attempt + 1} attempt(s) "
+                             f"({type(exc).__name__}); check that the server is up and answers "
+                             f"valid JSON, or raise the retries / timeout in the config")
                 raise
             delay = min(max_backoff_s, backoff_s * (2 ** attempt)) * random.uniform(0.5, 1.0)
             attempt += 1

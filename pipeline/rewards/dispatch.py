@@ -109,11 +109,22 @@ class RewardDispatcher:
         return self._fns[path]
 
     async def _one_custom(self, args: Any, path: str, sample: Any, out: list[Any], i: int) -> None:
-        out[i] = await _maybe_await(self._load(args, path)(args, sample))
+        fn = self._load(args, path)
+        try:
+            out[i] = await _maybe_await(fn(args, sample))
+        except Exception as exc:
+            exc.add_note(f"raised by the reward function {path!r} (custom_rm_path) on sample "
+                         f"{getattr(sample, 'index', '?')}")
+            raise
 
     async def _group_custom(self, args: Any, path: str, group: list[Any], out: list[Any],
                             idx: list[int]) -> None:
-        rewards = await _maybe_await(self._load(args, path)(args, group))
+        fn = self._load(args, path)
+        try:
+            rewards = await _maybe_await(fn(args, group))
+        except Exception as exc:
+            exc.add_note(f"raised by the group reward function {path!r} (custom_rm_path)")
+            raise
         if not isinstance(rewards, (list, tuple)) or len(rewards) != len(group):
             raise ValueError(f"group reward function {path} returned {rewards!r:.200}; expected a "
                              f"list of {len(group)} rewards (one per sample)")

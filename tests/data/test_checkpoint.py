@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import logging
@@ -85,6 +86,34 @@ def test_all_ones_masks_and_identical_rows_are_stored_once_yet_lossless(raw: boo
     enc = ckpt.encode_groups(groups)
     assert enc["arrays"]["loss_mask"]["fill"] == 1
     assert [s.loss_mask for s in ckpt.decode_groups(json.loads(json.dumps(enc)))[0]] == [[1, 1], None, [1, 1]]
+
+
+def grown(prompt: list[Any], response: list[Any]) -> Sample:
+    s = Sample(tokens=list(prompt))
+    s.append_response_tokens(tokens=response)
+    return s
+
+
+@pytest.mark.parametrize("raw", [False, True])
+def test_a_prompt_shared_by_a_group_is_stored_once_yet_lossless(raw: bool) -> None:
+    shared = [[grown([500, 501, 502], [7] * k) for k in (1, 3, 0)], [grown([9, 2**33], [4, 5]), grown([9, 2**33], [6])]]
+    enc = ckpt.encode_groups(shared, raw=raw)
+    assert "prefix" in enc["arrays"]["tokens"]
+    data, dtype = enc["arrays"]["tokens"]["data"], enc["arrays"]["tokens"]["dtype"]
+    rest = data if raw else np.frombuffer(base64.b64decode(data), dtype=dtype)
+    assert rest.tolist() == [7, 7, 7, 7, 4, 5, 6]  # the responses only
+    after = ckpt.decode_groups(enc if raw else json.loads(json.dumps(enc)))
+    assert [[s.to_dict() for s in g] for g in after] == [[s.to_dict() for s in g] for g in shared]
+    assert after[0][0].tokens is not after[0][1].tokens  # a fresh list per sample
+    # differing prompts, bools, a response longer than the tokens: no sharing, still lossless
+    odd = [[grown([1, 2], [3]), grown([1, 5], [3])], [grown([True, 2], [3]), grown([1, 2], [3])]]
+    odd[1][1].response_length = 9
+    for groups in (odd, [[grown([True, 2], [3]), grown([True, 2], [3])]]):
+        enc = ckpt.encode_groups(groups, raw=raw)
+        after = ckpt.decode_groups(enc if raw else json.loads(json.dumps(enc)))
+        assert [[s.to_dict() for s in g] for g in after] == [[s.to_dict() for s in g] for g in groups]
+        assert [type(x) for g in after for s in g for x in s.tokens] == \
+            [type(x) for g in groups for s in g for x in s.tokens]
 
 
 def buffered(path: str, save_dir: Path, **kw: Any) -> BufferedDataSource:

@@ -10,7 +10,8 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-# handler(path, body) -> (status, payload); payload: dict -> JSON, list[dict] -> SSE stream
+# handler(path, body) -> (status, payload); payload: dict -> JSON, list[dict] -> SSE stream,
+# bytes -> sent as-is with content-type application/json (malformed answers)
 Handler = Callable[[str, dict[str, Any]], tuple[int, Any]]
 
 
@@ -63,7 +64,7 @@ def serve(fake: FakeServer) -> Iterator[FakeServer]:
                         time.sleep(fake.chunk_delay_s)
                     self.wfile.write(b"data: [DONE]\n\n")
                     return
-                data = json.dumps(payload).encode()
+                data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
                 self.send_response(status)
                 self.send_header("content-type", "application/json")
                 self.send_header("content-length", str(len(data)))

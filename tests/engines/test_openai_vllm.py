@@ -73,8 +73,12 @@ def _tail(path: Path, n: int = 40) -> str:
 
 
 @pytest.fixture(scope="module")
-def vllm_url(model_path: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def vllm_url(request: pytest.FixtureRequest, model_path: str,
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Base URL of a vLLM server serving `model_path` (started here unless VLLM_BASE_URL)."""
+    # module-scoped fixtures are set up before the function-scoped opt-in check: check here too
+    if not _selected(request.config):
+        pytest.skip("opt-in: run `make test-vllm` (needs .venv-vllm) or set VLLM_BASE_URL")
     if os.environ.get("VLLM_BASE_URL"):
         yield os.environ["VLLM_BASE_URL"].rstrip("/")
         return
