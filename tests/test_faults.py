@@ -10,11 +10,13 @@ mid-rollout is covered by `tests/engines/test_ray_engine.py::test_killed_replica
 from __future__ import annotations
 
 import asyncio
+import builtins
 import errno
 import json
 import logging
 import os
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -107,7 +109,6 @@ def test_engine_timeout_is_retried_then_recovers(caplog: pytest.LogCaptureFixtur
     def handler(path: str, body: dict[str, Any]) -> tuple[int, Any]:
         slow["n"] += 1
         if slow["n"] == 1:
-            import time
             time.sleep(1.0)  # longer than request_timeout_s
         return _ok(path, body)
 
@@ -179,10 +180,8 @@ def _resume_works(tmp: Path, *extra: str) -> None:
 
 def _enospc_on(monkeypatch: pytest.MonkeyPatch, marker: str) -> None:
     """os.fsync raises ENOSPC while a file whose name contains `marker` is being written."""
-    real_fsync, real_open = os.fsync, os.open
+    real_fsync, real_builtin_open = os.fsync, builtins.open
     writing: dict[int, str] = {}
-    import builtins
-    real_builtin_open = builtins.open
 
     def fake_open(file: Any, *a: Any, **kw: Any) -> Any:
         fh = real_builtin_open(file, *a, **kw)
@@ -197,7 +196,6 @@ def _enospc_on(monkeypatch: pytest.MonkeyPatch, marker: str) -> None:
 
     monkeypatch.setattr(builtins, "open", fake_open)
     monkeypatch.setattr(os, "fsync", fake_fsync)
-    del real_open
 
 
 @pytest.mark.timeout(90)

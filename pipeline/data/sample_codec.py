@@ -176,8 +176,12 @@ def _shared_prefix(arr: np.ndarray, lengths: np.ndarray, sizes: list[int],
         return None
     lens = lengths.astype(np.int64)
     first = np.repeat(np.cumsum(sz) - sz, sz)  # each sample's group's first sample
-    prompt = lens - np.asarray(response_lengths, dtype=np.int64)
-    if (prompt < 0).any() or (prompt != prompt[first]).any() or not (prompt[first] != first).any():
+    try:
+        prompt = lens - np.asarray(response_lengths, dtype=np.int64)
+    except OverflowError:
+        return None
+    if (prompt < 0).any() or (prompt != prompt[first]).any() or \
+            not prompt[first != np.arange(len(lens))].any():  # nothing to share
         return None
     starts = np.cumsum(lens) - lens
     offs = np.arange(int(prompt.sum())) - np.repeat(np.cumsum(prompt) - prompt, prompt)
@@ -230,10 +234,11 @@ def _decode_array(enc: dict[str, Any], sizes: list[int]) -> list[list[Any] | Non
     lengths = _unpack(enc["lengths"], enc["lengths_dtype"]).astype(np.int64)
     if "prefix" in enc:  # one prompt per group + each sample's rest: fresh concatenated lists
         plens = _unpack(enc["prefix_lengths"], enc["prefix_lengths_dtype"]).astype(np.int64)
-        if len(plens) != len(sizes) or int(np.sum(sizes)) != len(lengths):
-            raise CheckpointError(f"tokens: {len(plens)} shared prompts for {len(sizes)} groups")
+        rest_lengths = lengths - np.repeat(plens, sizes) if len(plens) == len(sizes) else None
+        if rest_lengths is None or len(rest_lengths) != len(lengths) or (rest_lengths < 0).any():
+            raise CheckpointError(f"tokens: {len(plens)} shared prompts do not fit {len(sizes)} groups")
         prompts = _split(_unpack(enc["prefix"], enc["dtype"]), plens)
-        rest = _split(_unpack(enc["data"], enc["dtype"]), lengths - np.repeat(plens, sizes))
+        rest = _split(_unpack(enc["data"], enc["dtype"]), rest_lengths)
         return list(map(operator.add, chain.from_iterable(map(repeat, prompts, sizes)), rest))
     if "fill" in enc:  # a fresh list per sample: [fill] * length
         out: list[list[Any] | None] = list(map(operator.mul, repeat([enc["fill"]]),
@@ -332,8 +337,10 @@ def encode_groups(groups: list[list[Any]], raw: bool = False) -> dict[str, Any]:
         else:
             dicts = [s.__dict__ if type(s) is Sample else _sample_dict(s) for s in samples]
         out: dict[str, Any] = {"group_sizes": list(map(len, groups)), "columns": {}, "arrays": {}}
-        try:  # one pass over the dicts (each is touched once), then a C-level transpose
-            columns = dict(zip(_ALL, map(list, zip(*map(_GET_ALL, dicts))))) if dicts else {}
+        try:  # one pass over the dicts (each is touched once), then strided slices
+            flat = list(chain.from_iterable(map(_GET_ALL, dicts)))
+            columns = {name: flat[k::len(_ALL)] for k, name in enumerate(_ALL)} if dicts else {}
+            del flat
         except KeyError:  # a foreign sample lacks a field: its default
             columns = {}
         if not columns:
