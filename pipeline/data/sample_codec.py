@@ -3,7 +3,8 @@
 Samples are stored column-wise: the numeric per-token lists (tokens, loss_mask,
 rollout_log_probs) as one concatenated array per field plus a lengths array, in the smallest
 exact dtype (else plain JSON lists); a column of all-1 int lists (loss masks) as its lengths
-only, a column of bit-identical lists as one row. String fields interned, int fields as
+only, a column of bit-identical lists as one row, a prompt shared by a group's token lists once
+per group. String fields interned, int fields as
 arrays, constant fields once, dicts with the same keys (metadata) one column per key, every
 other field as one JSON list, extra attributes per sample. Arrays are base64 text in the
 JSON-able form (`state_dict`) and numpy arrays with `raw=True` (stored as raw bytes by
