@@ -37,7 +37,7 @@ from pipeline.rollout.sample_generate import (
 )
 from pipeline.sample import Sample
 
-__all__ = ["TrainRun", "flatten_group", "first_index", "group_key"]
+__all__ = ["TrainRun"]
 
 logger = logging.getLogger(__name__)
 

@@ -228,14 +228,20 @@ def test_no_pickle_json_plus_raw_arrays(tmp_path: Path, data5: str) -> None:
     assert ckpt.read_checkpoint(path)["buffer"]["arrays"]["tokens"]["data"].tolist() == want
 
 
-def test_reads_a_version_1_checkpoint(tmp_path: Path, data5: str) -> None:
-    """Files of the first format (one JSON payload, base64 arrays) still load."""
+def partially_generated_buffer(data5: str, tmp_path: Path) -> tuple[BufferedDataSource, list[list[Any]]]:
+    """A buffered source holding 2 groups whose samples have 2 response tokens each."""
     src = buffered(data5, tmp_path)
     groups = src.get_samples(2)
     for g in groups:
         for s in g:
             s.append_response_tokens(tokens=[1, 2], log_probs=[-0.5, -0.1])
     src.add_samples(groups)
+    return src, groups
+
+
+def test_reads_a_version_1_checkpoint(tmp_path: Path, data5: str) -> None:
+    """Files of the first format (one JSON payload, base64 arrays) still load."""
+    src, groups = partially_generated_buffer(data5, tmp_path)
     payload = json.dumps({**src.state_dict(), "rollout_id": 4}).encode()
     header = {"magic": ckpt.MAGIC, "version": 1, "size": len(payload), "sha256": hashlib.sha256(payload).hexdigest()}
     (tmp_path / "rollout_4.json").write_bytes(json.dumps(header).encode() + b"\n" + payload)
@@ -246,12 +252,7 @@ def test_reads_a_version_1_checkpoint(tmp_path: Path, data5: str) -> None:
 
 def test_reads_a_version_2_checkpoint(tmp_path: Path, data5: str) -> None:
     """Files of format 2 (flat `data` arrays only, no `fill` / `same_rows`) still load."""
-    src = buffered(data5, tmp_path)
-    groups = src.get_samples(2)
-    for g in groups:
-        for s in g:
-            s.append_response_tokens(tokens=[1, 2], log_probs=[-0.5, -0.1])
-    src.add_samples(groups)
+    src, groups = partially_generated_buffer(data5, tmp_path)
     state = {**src.state_dict(), "rollout_id": 4}
     flat = list(chain.from_iterable(groups))
     for name, values in (("tokens", [s.tokens for s in flat]), ("loss_mask", [s.loss_mask for s in flat]),
