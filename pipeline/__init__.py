@@ -3,9 +3,13 @@
 Public names users build on are re-exported here.
 """
 
+from pipeline.resolvers import register_resolvers
 from pipeline.sample import Sample
 from pipeline.data.sources import BufferedDataSource, PlainDataSource
 from pipeline.rollout.contracts import DynamicFilterOutput, RolloutFnEvalOutput, RolloutFnTrainOutput
+
+# the YAML configs use them (`${multiply:...}`): register before any config is composed
+register_resolvers()
 
 __all__ = [
     "Sample",

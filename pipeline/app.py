@@ -174,8 +174,10 @@ def _build(plain: dict[str, Any], args: SlimeArgs, allowed: tuple[str, ...], run
         logger.info("resume: %s from checkpoint %d, next rollout %d", run_dir, last, start)
     needs_reward = any(_accepts(c, "reward") for c in consumers)
     reward = build(plain["reward"], allowed=allowed, where="reward") if needs_reward else None
-    dynamic_filter = _naming_errors(build(plain["dynamic_filter"], allowed=allowed, where="dynamic_filter"),
-                                    plain["dynamic_filter"], "dynamic_filter")
+    # over_sampling_factor sizes over_sampling_batch_size (conf/config.yaml); not a filter argument
+    filter_node = {k: v for k, v in plain["dynamic_filter"].items() if k != "over_sampling_factor"}
+    dynamic_filter = _naming_errors(build(filter_node, allowed=allowed, where="dynamic_filter"),
+                                    filter_node, "dynamic_filter")
     runtime = dict(engine=engine, reward=reward, dynamic_filter=dynamic_filter, tokenizer=tokenizer,
                    args=args, run_dir=run_dir)
     rollout_fn = _naming_errors(build(plain["rollout"], allowed=allowed, where="rollout", **runtime),

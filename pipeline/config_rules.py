@@ -91,6 +91,9 @@ def _sizes(cfg: dict[str, Any], out: list[str]) -> None:
     rbs, osb = cfg.get("rollout_batch_size"), cfg.get("over_sampling_batch_size")
     if _is_int(rbs) and _is_int(osb) and osb < rbs:
         out.append(f"over_sampling_batch_size: {osb} must be >= rollout_batch_size ({rbs})")
+    factor = (cfg.get("dynamic_filter") or {}).get("over_sampling_factor", 1)
+    if not _is_num(factor) or factor < 1:
+        out.append(f"dynamic_filter.over_sampling_factor: expected a number >= 1, got {factor!r}")
     for key in _BOOLS:
         if not isinstance(cfg.get(key), bool):
             out.append(f"{key}: expected true or false, got {cfg.get(key)!r}")

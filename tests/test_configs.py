@@ -163,6 +163,10 @@ def test_data_source_filter_product(ds, filt, workdir):
     ("logger=wandb logger.mode=cloud", "logger.mode: expected offline, online or disabled, got 'cloud'"),
     ("data_source.seed=abc", "data_source.seed: expected an integer, got 'abc'"),
     ("data_source.shuffle=3", "data_source.shuffle: expected true or false, got 3"),
+    ("dynamic_filter=nonzero_std dynamic_filter.over_sampling_factor=0.5",
+     "dynamic_filter.over_sampling_factor: expected a number >= 1, got 0.5"),
+    ("dynamic_filter=nonzero_std dynamic_filter.over_sampling_factor=x",
+     r"over_sampling_batch_size: expected a positive integer, got \"4 x 'x' \(not numbers\)\""),
 ])
 def test_validate_names_key_and_expectation(override, message, workdir):
     extra = override.split()
@@ -173,6 +177,17 @@ def test_validate_names_key_and_expectation(override, message, workdir):
         return
     with pytest.raises(ConfigError, match=message):
         validate(cfg)
+
+
+@pytest.mark.parametrize("overrides,expected", [
+    ([], 4), (["dynamic_filter=nonzero_std"], 16), (["dynamic_filter=nonzero_std_fallback", "rollout_batch_size=3"], 12),
+    (["dynamic_filter=nonzero_std", "dynamic_filter.over_sampling_factor=1.5", "rollout_batch_size=3"], 5),
+    (["dynamic_filter=nonzero_std", "over_sampling_batch_size=7"], 7),
+])
+def test_over_sampling_batch_size_follows_the_dynamic_filter(overrides, expected, workdir):
+    extra = {x.split("=")[0] for x in overrides}
+    cfg = compose_cfg([b for b in base_overrides(workdir) if b.split("=")[0] not in extra] + overrides)
+    assert cfg.over_sampling_batch_size == expected
 
 
 def test_validate_rloo_needs_two_samples_and_eval_paths(workdir):

@@ -27,6 +27,11 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     # per-request seed; None means engine-chosen randomness
     seed: int | None = None
+    # log-probs must not depend on what the request was batched with: the hf engine recomputes a
+    # finished request's log-probs alone (batch of one, no padding; with a seed its tokens depend
+    # on the batch only through float rounding of the logits); remote engines ignore it (their
+    # server decides, e.g. SGLang's --enable-deterministic-inference)
+    batch_invariant: bool = False
 
 
 @dataclass

@@ -10,8 +10,10 @@ Output ids include the EOS / stop token that ended a row; the text is decoded wi
 `skip_special_tokens=True` and keeps a matched stop string (SGLang's `no_stop_trim`), so text
 and ids agree. Log-probs: see `pipeline.engines.hf_decode` (log-softmax at temperature).
 Per-request seeds drive a per-row `torch.Generator`, so a seeded request samples the same tokens
-alone or in any batch (up to float rounding differences from padding). Supported models: those
-whose cache is a plain `DynamicCache` of full-attention layers (Llama, Qwen2, Mistral, ...).
+alone or in any batch (up to float rounding differences from padding); a `batch_invariant`
+request also gets log-probs that do not depend on its batch (`hf_decode.log_probs_alone`).
+Supported models: those whose cache is a plain `DynamicCache` of full-attention layers (Llama,
+Qwen2, Mistral, ...).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import torch
 
 from pipeline.engines.assets import load_tokenizer, resolve_checkpoint
 from pipeline.engines.base import GenerationRequest, GenerationResult
-from pipeline.engines.hf_decode import DecodeBatch, Row
+from pipeline.engines.hf_decode import DecodeBatch, Row, log_probs_alone
 
 __all__ = ["HFEngine"]
 
@@ -43,7 +45,7 @@ class HFEngine:
         hf_checkpoint: str,
         cache_dir: str | None = None,
         num_threads: int = 2,
-        max_batch_size: int = 32,
+        max_batch_size: int = 48,
         batch_wait_s: float = 0.005,
         dtype: str = "float32",
         attn_implementation: str = "sdpa",
@@ -251,9 +253,12 @@ class HFEngine:
         self._finish(batch.release_finished())
         return new
 
-    @staticmethod
-    def _finish(rows: list[Row]) -> None:
+    def _finish(self, rows: list[Row]) -> None:
+        """Hand finished rows back; `batch_invariant` ones get their log-probs recomputed alone
+        first (an aborted row is cut at a timing-dependent point anyway and is left as it is)."""
         for row in rows:
+            if row.sampling.batch_invariant and row.output_ids and row.finish_reason in ("stop", "length"):
+                row.log_probs = log_probs_alone(self.model, row)
             row.on_done(row)
 
 

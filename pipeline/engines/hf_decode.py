@@ -13,6 +13,13 @@ request seed), stop token ids and stop strings. The log-prob reported for a toke
 `log_softmax(logits / temperature)[token]` — the plain distribution at temperature, before the
 top-k / top-p cut (what SGLang returns and slime stores); greedy rows (temperature 0) report
 `log_softmax(logits)[token]`.
+
+Batched float32 matmuls round differently for different batch shapes (size, left padding), so a
+row's logits differ in their last bits with what it shares the batch with. The log-probs of a
+`batch_invariant` request are therefore recomputed when it finishes, by `log_probs_alone`: one
+forward pass over prompt + output at batch size 1, the same bits whatever the batch. Its tokens
+are still sampled from the batched logits; with a seed they differ between batches only if a
+draw lands within rounding of a boundary between two tokens.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ import torch
 
 from pipeline.engines.base import FinishReason, SamplingParams
 
-__all__ = ["Row", "DecodeBatch", "sample_next"]
+__all__ = ["Row", "DecodeBatch", "sample_next", "log_probs_alone"]
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +77,18 @@ def sample_next(logits: torch.Tensor, rows: list[Row]) -> tuple[list[int], list[
     idx = torch.tensor(tokens).unsqueeze(1)
     chosen = logp.gather(1, idx).squeeze(1).tolist()
     return tokens, chosen
+
+
+def log_probs_alone(model: Any, row: Row) -> list[float]:
+    """The log-probs of `row.output_ids` from one forward pass over prompt + output at batch
+    size 1 (no padding, no cache), by the formula of `sample_next`."""
+    n = len(row.output_ids)
+    ids = torch.tensor([row.prompt_ids + row.output_ids[:-1]], dtype=torch.long)
+    logits = model(input_ids=ids, use_cache=False, logits_to_keep=n).logits[0, -n:, :].float()
+    if row.sampling.temperature > 0:
+        logits = logits / torch.tensor(row.sampling.temperature, dtype=logits.dtype)
+    logp = torch.log_softmax(logits, dim=-1)
+    return logp.gather(1, torch.tensor(row.output_ids).unsqueeze(1)).squeeze(1).tolist()
 
 
 def _top_k_top_p(probs: torch.Tensor, rows: list[Row], need_cut: list[bool]) -> torch.Tensor:

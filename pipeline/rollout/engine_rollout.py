@@ -46,6 +46,7 @@ class EngineRollout:
         custom_generate_path: str | None = None,
         deterministic: bool = False,
         seed: int = 0,
+        batch_invariant_log_probs: bool = False,
         max_concurrency: int | None = None,
         progress: bool = True,
         summary: bool = True,
@@ -71,6 +72,7 @@ class EngineRollout:
         self.custom_generate_path = custom_generate_path
         self.deterministic = bool(deterministic)
         self.seed = int(seed)
+        self.batch_invariant_log_probs = bool(batch_invariant_log_probs)
         self.max_concurrency = max_concurrency
         self.progress = bool(progress)
         self.summary = bool(summary)

@@ -53,6 +53,8 @@ class GenContext:
     rollout_id: int
     # set when the batch is full; samples not yet sent to the engine are left untouched
     aborted: bool = False
+    # ask the engine for log-probs that do not depend on batching (rollout.batch_invariant_log_probs)
+    batch_invariant: bool = False
     tokens_generated: int = 0
     continued_samples: int = 0
     requests: int = 0
@@ -183,6 +185,8 @@ async def default_generate(
         if getattr(args, "mask_offpolicy_in_partial_rollout", False):
             sample.loss_mask = [0] * sample.response_length
     params = to_engine_params({**sampling_params, "max_new_tokens": budget})
+    if ctx.batch_invariant:
+        params = dataclasses.replace(params, batch_invariant=True)
     if continued and params.seed is not None:
         response_ids = sample.tokens[len(sample.tokens) - sample.response_length:]
         params = dataclasses.replace(params, seed=continuation_seed(params.seed, response_ids))

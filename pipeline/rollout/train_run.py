@@ -14,7 +14,8 @@ submitted in index order and groups are decided strictly in that order, so the b
 first rollout_batch_size groups that pass the dynamic filter, whatever the completion timing.
 Every group not admitted (surplus or unfinished) goes back to the buffer reset to a fresh
 prompt, in index order: what had been generated for it depends on timing, its seeded
-regeneration does not.
+regeneration does not. With `batch_invariant_log_probs` (on with deterministic by default)
+requests ask the engine for log-probs that do not depend on what it batched them with either.
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ class TrainRun:
         if getattr(args, "partial_rollout", False) and not self.buffered:
             raise ValueError("partial_rollout=true needs a buffered data source (data_source=buffered); "
                              f"got {type(data_source).__name__}")
-        self.ctx = GenContext(engine=owner.engine, tokenizer=owner.tokenizer, rollout_id=self.rollout_id)
+        self.ctx = GenContext(engine=owner.engine, tokenizer=owner.tokenizer, rollout_id=self.rollout_id,
+                              batch_invariant=owner.batch_invariant_log_probs)
         self.params = sampling_params_from_args(args)
         self.sem = asyncio.Semaphore(owner.max_concurrency) if owner.max_concurrency else None
         self.tasks: dict[asyncio.Task, _Flight] = {}

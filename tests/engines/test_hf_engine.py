@@ -54,6 +54,30 @@ def test_seed_reproducible_alone_and_in_a_batch(hf_engine: HFEngine) -> None:
     assert different_seed.output_ids != alone.output_ids
 
 
+def test_batch_invariant_log_probs_are_the_same_bits_alone_and_in_any_batch(hf_engine: HFEngine) -> None:
+    tok = hf_engine.tokenizer
+    kw = dict(temperature=0.8, max_new_tokens=10, seed=21)
+
+    async def go(invariant: bool) -> list:
+        alone = await hf_engine.generate(request(tok, "a", **kw, batch_invariant=invariant))
+        # a different batch: a longer prompt (left padding) and other rows around it
+        batch = await asyncio.gather(
+            hf_engine.generate(request(tok, "x", "Write a long sentence about the sea and ships.", max_new_tokens=6,
+                                       seed=1)),
+            hf_engine.generate(request(tok, "b", **kw, batch_invariant=invariant)),
+            hf_engine.generate(request(tok, "y", "Name a colour.", max_new_tokens=14, seed=2)),
+        )
+        return [alone, batch[1]]
+
+    alone, batched = run(go(True))
+    assert alone.output_ids == batched.output_ids and alone.finish_reason in ("stop", "length")
+    assert alone.log_probs == batched.log_probs  # exact float equality, not a tolerance
+    plain_alone, plain_batched = run(go(False))
+    assert plain_alone.output_ids == alone.output_ids
+    # the recomputed values are the same distribution's log-probs (a full forward at temperature)
+    assert torch.allclose(torch.tensor(plain_batched.log_probs), torch.tensor(alone.log_probs), atol=2e-3)
+
+
 def test_top_k_one_is_greedy_and_length_finish(hf_engine: HFEngine) -> None:
     tok = hf_engine.tokenizer
     greedy = run(hf_engine.generate(request(tok, "g", temperature=0.0, max_new_tokens=6)))

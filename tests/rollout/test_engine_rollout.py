@@ -249,3 +249,13 @@ def test_message_prompts_are_rendered_with_the_chat_template(make_rollout, token
         rendered = tokenizer.apply_chat_template(s.prompt, tokenize=False)
         assert tokenizer.decode(s.tokens).startswith(rendered)
         assert s.response and s.reward is not None
+
+
+@pytest.mark.parametrize("kw,expected", [
+    ({}, False), ({"deterministic": True, "batch_invariant_log_probs": True}, True),
+    ({"deterministic": True, "batch_invariant_log_probs": False}, False),
+])
+def test_requests_ask_for_batch_invariant_log_probs_when_configured(kw, expected, make_rollout, make_source):
+    engine = SpyEngine()
+    make_rollout(engine, **kw)(make_args(rollout_batch_size=2), 0, make_source(n=2, buffered=False))
+    assert engine.requests and {r.sampling.batch_invariant for r in engine.requests} == {expected}
