@@ -131,9 +131,10 @@ def _strip(obj: Any) -> Any:
     return obj
 
 
-def _load_source(run_dir: Path, data: Path, n: int) -> Any:
-    """The newest checkpoint of `run_dir` loaded into a buffered source (tokenizer-free: the
-    fingerprint differs in the tokenizer only, so the data-change check is waived)."""
+def load_source(run_dir: Path, data: Path, n: int, rollout_id: int | None = None) -> Any:
+    """Checkpoint `rollout_id` (None: the newest) of `run_dir` loaded into a buffered source
+    (tokenizer-free: the fingerprint differs in the tokenizer only, so the data-change check is
+    waived)."""
     import logging
 
     from pipeline.data.sources import BufferedDataSource
@@ -143,8 +144,9 @@ def _load_source(run_dir: Path, data: Path, n: int) -> Any:
     log = logging.getLogger("pipeline.data.persistence")
     level, log.level = log.level, logging.ERROR
     try:
-        if src.load() is None:
-            raise AssertionError(f"{run_dir}: no valid checkpoint")
+        loaded = src.load(rollout_id)
+        if loaded is None or rollout_id not in (None, loaded):
+            raise AssertionError(f"{run_dir}: no valid checkpoint {'' if rollout_id is None else rollout_id}")
     finally:
         log.setLevel(level)
     return src
@@ -152,7 +154,7 @@ def _load_source(run_dir: Path, data: Path, n: int) -> Any:
 
 def final_buffer(run_dir: Path, data: Path, n: int) -> list[tuple[Any, ...]]:
     """(group_index, sample indices, statuses, response lengths) of the newest checkpoint's buffer."""
-    src = _load_source(run_dir, data, n)
+    src = load_source(run_dir, data, n)
     return [(g[0].group_index, tuple(s.index for s in g), tuple(str(s.status) for s in g),
              tuple(s.response_length for s in g)) for g in src.buffer]
 
@@ -209,7 +211,7 @@ def accounting(run_dir: Path, num_rollout: int, data: Path, n: int) -> tuple[int
     """Without a dynamic filter every group taken from the data (group_index below the final
     checkpoint's counter) must be consumed exactly once or still be in the buffer.
     Returns (groups accounted, lost, duplicated)."""
-    src = _load_source(run_dir, data, n)
+    src = load_source(run_dir, data, n)
     places = Counter(_group_runs(run_dir, num_rollout, n)) + Counter(g[0].group_index for g in src.buffer)
     taken = range(src.sample_group_index)
     lost = sum(1 for gi in taken if places[gi] == 0)

@@ -13,7 +13,6 @@ a sample is the start of that sample's response in the next rollout's dump.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import subprocess
 import sys
@@ -21,9 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.data.sources import BufferedDataSource
 from pipeline.sample import Sample
 from pipeline.sinks.jsonl import read_metrics
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "resume"))
+import harness  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -35,15 +36,7 @@ ROLLOUTS = 5
 def partial_samples(run_dir: Path, rollout_id: int) -> dict[int, list[int]]:
     """index -> token ids (prompt + partial response) of the aborted samples with a partial
     response in the buffer of checkpoint `rollout_id`."""
-    src = BufferedDataSource(path=str(ROOT / "data" / "math_train.jsonl"), n_samples_per_prompt=4,
-                             label_key="label", allow_data_change=True, save_dir=str(run_dir / "checkpoints"))
-    log = logging.getLogger("pipeline.data.persistence")
-    level = log.level
-    log.setLevel(logging.ERROR)  # quiet about the tokenizer-free fingerprint (allow_data_change)
-    try:
-        assert src.load(rollout_id) == rollout_id
-    finally:
-        log.setLevel(level)
+    src = harness.load_source(run_dir, ROOT / "data" / "math_train.jsonl", 4, rollout_id)
     return {s.index: list(s.tokens) for g in src.buffer for s in g
             if s.status == Sample.Status.ABORTED and s.response_length > 0}
 
