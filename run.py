@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 # OpenMP worker threads sleep instead of spin-waiting between torch ops: on shared or
 # oversubscribed cores spinning threads steal the CPU from the ones doing work (the 2-thread hf
@@ -17,6 +18,9 @@ import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
 from pipeline.app import run  # noqa: E402
+from pipeline.config import ConfigError  # noqa: E402
+from pipeline.run_lock import RunDirLocked  # noqa: E402
+from pipeline.session import prepare_argv  # noqa: E402
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
@@ -26,4 +30,9 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    # resume=<run dir>: restore its overrides, write into it, lock it (before Hydra writes anything)
+    try:
+        sys.argv = prepare_argv(sys.argv)
+    except (ConfigError, RunDirLocked) as exc:
+        sys.exit(f"Error: {exc}")
     main()

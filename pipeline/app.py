@@ -9,13 +9,18 @@ import functools
 import inspect
 import logging
 import os
+import signal
+import threading
 from typing import Any
 
 from omegaconf import DictConfig
 
-from pipeline.config import SlimeArgs, allowed_targets, build, load_object, to_plain, validate
+from pipeline import run_lock
+from pipeline.config import ConfigError, SlimeArgs, allowed_targets, build, load_object, to_plain, validate
 from pipeline.logging_setup import RunProgress, configure_console, progress_logger
+from pipeline.run_record import check_resume_config, read_changes, read_record
 from pipeline.runner import Pipeline, Schedule
+from pipeline.session import discard_session_files, interrupt_hint, store_record
 from pipeline.sinks.jsonl import MetricsJsonl
 from pipeline.stages import StageParts
 
@@ -33,18 +38,19 @@ _HOOKS = {
 
 
 def run_identity(plain: dict[str, Any]) -> tuple[str, str | None]:
-    """(run name, wandb group): the name from the command-line overrides, the group = the sweep
-    folder name for multirun jobs (None for single runs)."""
+    """(run name, wandb group): a single run is named after its run dir plus the command-line
+    overrides; a sweep job after its overrides, grouped by the sweep folder name."""
+    run_dir_name = os.path.basename(os.path.normpath(plain["paths"]["output_dir"]))
     try:
         from hydra.core.hydra_config import HydraConfig
         from hydra.types import RunMode
 
         hc = HydraConfig.get()
     except (ImportError, ValueError):
-        return os.path.basename(os.path.normpath(plain["paths"]["output_dir"])), None
-    name = hc.job.override_dirname or hc.job.name
-    group = os.path.basename(os.path.normpath(hc.sweep.dir)) if hc.mode == RunMode.MULTIRUN else None
-    return name, group
+        return run_dir_name, None
+    if hc.mode == RunMode.MULTIRUN:
+        return hc.job.override_dirname or hc.job.name, os.path.basename(os.path.normpath(hc.sweep.dir))
+    return " ".join(filter(None, (run_dir_name, hc.job.override_dirname))), None
 
 
 def _target_of(node: Any, allowed: tuple[str, ...], where: str) -> Any:
@@ -66,14 +72,41 @@ def _accepts(obj: Any, name: str) -> bool:
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
-    """Validate `cfg`, build every part, run the rollouts; returns the last step's metrics."""
+    """Validate `cfg`, build every part, run the rollouts; returns the last step's metrics.
+
+    A resume is checked against the run's stored config first (`pipeline.run_record`); the run
+    dir is locked while the run writes into it (`pipeline.run_lock`). A pre-flight error leaves
+    nothing behind; Ctrl-C ends with exit code 130 and the command that resumes the run.
+    """
     configure_console()
-    validate(cfg)
-    plain = to_plain(cfg)
-    plain.pop("hydra", None)
-    resume = plain["resume"]
-    run_dir = os.path.abspath(resume or plain["paths"]["output_dir"])
+    try:
+        validate(cfg)
+        plain = to_plain(cfg)
+        plain.pop("hydra", None)
+        resume = plain["resume"]
+        run_dir = os.path.abspath(resume or plain["paths"]["output_dir"])
+        record = read_record(run_dir) if resume else None
+        changes = check_resume_config((record or {}).get("config"), plain, run_dir) if resume else {}
+    except ConfigError:
+        discard_session_files(resumed=bool(cfg.get("resume")))
+        raise
     os.makedirs(run_dir, exist_ok=True)
+    run_lock.acquire(run_dir)
+    try:
+        return _run_locked(plain, run_dir, record, changes)
+    except KeyboardInterrupt:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C does not cut the clean-up short
+        logger.warning("%s", interrupt_hint(run_dir))
+        raise SystemExit(130) from None
+    finally:
+        run_lock.release(run_dir)
+
+
+def _run_locked(plain: dict[str, Any], run_dir: str, record: dict[str, Any] | None,
+                changes: dict[str, tuple[Any, Any]]) -> dict[str, Any]:
+    """`run` once the config is checked and the run dir locked."""
+    resume = plain["resume"]
     args = SlimeArgs.from_config(plain)
     allowed = allowed_targets(plain)
     closers: list[Any] = []
@@ -81,13 +114,17 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     exit_code = 1  # until the rollouts finish
     try:
         parts, eval_fn, schedule = _build(plain, args, allowed, run_dir, closers)
+        name = (record or {}).get("name") or run_identity(plain)[0]
+        store_record(run_dir, plain, name, record, changes, schedule.start_rollout_id)
         metrics_file = MetricsJsonl(os.path.join(run_dir, "metrics.jsonl"))
         metrics_file.truncate_from(schedule.start_rollout_id)
-        name, group = run_identity(plain)
+        group = run_identity(plain)[1]
         sink = build(plain["logger"], allowed=allowed, where="logger")
         if sink is not None:
             sinks.append(sink)  # finished (and torn down) even when start fails half-way
             sink.start(run_dir=run_dir, name=name, group=group, config=plain, resume=bool(resume))
+            if changes and callable(getattr(sink, "record_config_changes", None)):
+                sink.record_config_changes(plain, read_changes(run_dir))
         progress = RunProgress(schedule.num_rollout, run_dir)
         pipeline = Pipeline(parts=parts, schedule=schedule, metrics_file=metrics_file, eval_fn=eval_fn, sinks=sinks,
                             progress=progress)
@@ -103,6 +140,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             progress_logger.info("%s", progress.summary())
         exit_code = 0
         return result
+    except KeyboardInterrupt:
+        exit_code = 130
+        raise
     finally:
         for sink in sinks:
             sink.finish(exit_code=exit_code)

@@ -1,7 +1,8 @@
 """Atomic file writes: a temp file in the same folder, fsync, then `os.replace`.
 
 A reader sees the old file or the new one, never a half-written one; a writer killed half-way
-leaves only a hidden temp file behind.
+leaves only a hidden temp file behind. Files get the mode a plain `open()` would give them
+(0666 minus the umask), not mkstemp's 0600.
 """
 
 from __future__ import annotations
@@ -10,14 +11,45 @@ import os
 import tempfile
 from pathlib import Path
 
-__all__ = ["atomic_write_bytes", "atomic_write_text"]
+__all__ = ["atomic_write_bytes", "atomic_write_text", "file_mode", "make_temp"]
+
+
+def _umask() -> int:
+    """The process umask, read without changing it (Linux); else by setting it and back."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def file_mode(base: int = 0o666) -> int:
+    """`base` minus the umask: the mode `open()` (base 0666) or `mkdir()` (base 0777) gives."""
+    return base & ~_umask()
+
+
+def make_temp(folder: str | os.PathLike[str], prefix: str = "", suffix: str = "") -> tuple[int, str]:
+    """`tempfile.mkstemp` in `folder`, with the mode of a plain `open()` instead of 0600."""
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=prefix, suffix=suffix)
+    try:
+        os.fchmod(fd, file_mode())
+    except BaseException:
+        os.close(fd)
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return fd, tmp
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     """Write `data` to `path` via a temp file beside it, fsync and rename."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    fd, tmp = make_temp(path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)

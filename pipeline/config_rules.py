@@ -136,9 +136,11 @@ def _cross_group(cfg: dict[str, Any], out: list[str]) -> None:
                    f"(eval=engine) or set eval_interval=null")
     if cfg.get("eval_before_train") is True and not has_eval:
         out.append("eval_before_train: true but eval=none; choose an eval option (eval=engine)")
-    resume = cfg.get("resume")
-    if resume is not None and not os.path.isdir(str(resume)):
-        out.append(f"resume: {resume!r} is not a directory; expected a previous run dir (outputs/runs/...)")
+    if cfg.get("resume") is not None:
+        from pipeline.session import resume_target_problem
+
+        problem = resume_target_problem(str(cfg["resume"]))
+        out.extend([problem] if problem else [])
 
 
 def _data_path(cfg: dict[str, Any], out: list[str]) -> None:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import signal
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -20,6 +24,23 @@ logger = logging.getLogger(__name__)
 
 # data-source metadata key that carries the rollout function's state across a resume
 ROLLOUT_STATE_KEY = "rollout_fn_state"
+
+
+@contextlib.contextmanager
+def deferred_interrupt() -> Iterator[None]:
+    """Hold a Ctrl-C (SIGINT) back until the block ends, then raise KeyboardInterrupt: a rollout's
+    checkpoint and its metrics line are written both or neither (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        raise KeyboardInterrupt
 
 
 @dataclass(frozen=True)
@@ -68,18 +89,23 @@ class Pipeline:
             metrics.update(ctx.metrics)
             if self.eval_fn is not None and sched.should_eval(rollout_id):
                 metrics.update(self.evaluate(rollout_id))
-            if sched.should_save(rollout_id):
-                start = time.perf_counter()
-                self.stash_rollout_state()
-                try:
-                    self.parts.data_source.save(rollout_id)
-                except OSError as exc:
-                    raise self.save_error(exc, f"the data-source checkpoint {self.checkpoint_file(rollout_id)}",
-                                          rollout_id) from exc
-                metrics["perf/stage/checkpoint_time"] = time.perf_counter() - start
-            self.emit(rollout_id, metrics)
+            with deferred_interrupt():
+                self.commit(rollout_id, metrics)
             last = metrics
         return last
+
+    def commit(self, rollout_id: int, metrics: dict[str, Any]) -> None:
+        """A finished rollout: its checkpoint (when scheduled), then its metrics line and sink rows."""
+        if self.schedule.should_save(rollout_id):
+            start = time.perf_counter()
+            self.stash_rollout_state()
+            try:
+                self.parts.data_source.save(rollout_id)
+            except OSError as exc:
+                raise self.save_error(exc, f"the data-source checkpoint {self.checkpoint_file(rollout_id)}",
+                                      rollout_id) from exc
+            metrics["perf/stage/checkpoint_time"] = time.perf_counter() - start
+        self.emit(rollout_id, metrics)
 
     def checkpoint_file(self, rollout_id: int) -> str:
         """The checkpoint path `data_source.save(rollout_id)` writes (its folder when unknown)."""

@@ -12,13 +12,13 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from pipeline.atomic import make_temp
 from pipeline.data.errors import DataError
 from pipeline.data.token_count import PretokenCounter
 
@@ -171,7 +171,7 @@ class ArrayCache:
             return
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.dir, suffix=".tmp")
+            fd, tmp = make_temp(self.dir, suffix=".tmp")
         except OSError as exc:
             logger.warning("cache folder %s is not writable (%s); continuing without caching", self.dir, exc)
             return

@@ -64,7 +64,7 @@ class CheckpointMixin:
         if diffs:
             msg = f"{source} was written for different data: " + "; ".join(diffs)
             if not self.allow_data_change:
-                raise DataFingerprintMismatch(msg + ". Pass allow_data_change=true to load it anyway.")
+                raise DataFingerprintMismatch(msg + ". Pass data_source.allow_data_change=true to load it anyway.")
             logger.warning("%s (allow_data_change is set; loading anyway)", msg)
         self.epoch_id = int(state["epoch_id"])
         self.sample_offset = min(int(state["sample_offset"]), len(self.dataset))

@@ -18,6 +18,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from pipeline.atomic import file_mode
+
 __all__ = [
     "BUNDLED_MODELS",
     "CheckpointError",
@@ -124,6 +126,7 @@ def _convert(name: str, target: Path) -> None:
     gguf = _bundled_gguf(name)
     logger.info("converting %s (%s) into %s (once)", name, gguf, target)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=target.parent))
+    tmp.chmod(file_mode(0o777))  # mkdtemp's 0700 would survive the rename
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)

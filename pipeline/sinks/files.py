@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from pipeline.atomic import atomic_write_text
+from pipeline.atomic import atomic_write_text, make_temp
 
 __all__ = ["load_train_data", "read_samples", "write_samples", "write_train_data"]
 
@@ -54,7 +53,7 @@ def write_train_data(path: str | os.PathLike[str], data: dict[str, Any], meta: d
     tensors: dict[str, torch.Tensor] = {}
     keys = {k: _encode(k, v, tensors) for k, v in data.items()}
     st = base.with_suffix(".safetensors")
-    fd, tmp = tempfile.mkstemp(dir=base.parent, prefix=f".{st.name}.")
+    fd, tmp = make_temp(base.parent, prefix=f".{st.name}.")
     os.close(fd)
     try:
         save_file(tensors, tmp, metadata={"format": _FORMAT})

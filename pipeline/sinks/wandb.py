@@ -57,6 +57,12 @@ class WandbSink:
             sys.argv = argv
         id_file.write_text(self.run.id)
 
+    def record_config_changes(self, config: dict[str, Any], changes: list[dict[str, Any]]) -> None:
+        """A resume changed the config: update the run's config to `config` and store every change so
+        far (`<run>/config_changes.jsonl` lines, with the rollout id each took effect at) under
+        `config_changes`."""
+        self.run.config.update({**redact(config), "config_changes": changes}, allow_val_change=True)
+
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         """One wandb history row at `step`."""
         self.run.log(dict(metrics), step=int(step))

@@ -1,0 +1,159 @@
+"""A run dir owns its experiment: the overrides and composed config it runs with, and every change.
+
+* `<run>/run_record.json`: `{"name", "overrides", "config"}`: the run's command-line overrides
+  (as Hydra saw them, secrets redacted), the resolved composed config and the run name. Written
+  when a run starts and rewritten when a resume changes a key.
+* `<run>/config_changes.jsonl`: one line per resumed session that changed a key:
+  `{"rollout_id", "time", "changes": {key: [stored, requested]}, "accepted_by"}`.
+
+`resume=<run dir>` recomposes the stored overrides plus the new ones (`merge_overrides`, done by
+`pipeline.session` before Hydra composes) and `check_resume_config` diffs the result against the
+stored config: keys under `resume_safe_keys` (conf/config.yaml) may change, any other difference
+needs `allow_config_change=true`. Run dirs of older versions have no record: their
+`.hydra/overrides.yaml` and `.hydra/config.yaml` stand in for it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from pipeline.atomic import atomic_write_text
+from pipeline.config import ConfigError
+from pipeline.sinks.redact import REDACTED, redact, redact_text
+
+__all__ = ["CHANGES_FILE", "OPT_IN", "RECORD_FILE", "check_resume_config", "config_changes", "merge_overrides",
+           "override_key", "read_changes", "read_record", "record_changes", "write_record"]
+
+logger = logging.getLogger(__name__)
+
+RECORD_FILE = "run_record.json"
+CHANGES_FILE = "config_changes.jsonl"
+# the opt-in that accepts changes outside resume_safe_keys (a top-level key of conf/config.yaml)
+OPT_IN = "allow_config_change"
+# overrides that belong to one session, never to the run's stored record
+_SESSION_KEYS = ("resume", OPT_IN)
+_ABSENT = "<absent>"
+
+
+def override_key(override: str) -> str:
+    """The key an override sets: `+a.b=1`, `++a.b=1`, `~a.b` and `a.b=1` all give `a.b`."""
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def merge_overrides(stored: list[str], new: list[str]) -> list[str]:
+    """The stored overrides with those the new ones set again left out, then the new ones; session
+    keys (`resume`, `allow_config_change`) and redacted secrets of the stored list are dropped."""
+    new_keys = {override_key(o) for o in new}
+    kept = [o for o in stored if override_key(o) not in new_keys and override_key(o) not in _SESSION_KEYS]
+    secrets = [override_key(o) for o in kept if REDACTED in o]
+    if secrets:
+        logger.warning("resume: the stored overrides of %s are redacted; pass them again on the command line",
+                       ", ".join(secrets))
+    return [o for o in kept if REDACTED not in o] + list(new)
+
+
+def _legacy_record(run_dir: Path) -> dict[str, Any] | None:
+    """A record from the `.hydra/` files of a run dir written before run records existed."""
+    from omegaconf import OmegaConf
+
+    hydra_dir = run_dir / ".hydra"
+    if not (hydra_dir / "overrides.yaml").is_file():
+        return None
+    overrides = [str(o) for o in OmegaConf.load(hydra_dir / "overrides.yaml")]
+    config = None
+    if (hydra_dir / "config.yaml").is_file():
+        cfg = OmegaConf.load(hydra_dir / "config.yaml")
+        try:  # `${hydra:...}` does not resolve outside that run: the run dir stands in for it
+            cfg.paths.output_dir = str(run_dir)
+            config = OmegaConf.to_container(cfg, resolve=True)
+        except Exception as exc:  # an interpolation of another version's config
+            logger.warning("resume: %s/.hydra/config.yaml does not resolve (%s); config changes are not checked",
+                           run_dir, exc)
+    return {"name": run_dir.name, "overrides": overrides, "config": config}
+
+
+def read_record(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The run record of `run_dir` (or one rebuilt from its `.hydra/` files); None when neither exists."""
+    path = Path(run_dir) / RECORD_FILE
+    if path.is_file():
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"resume: {path} is unreadable ({exc}); restore it from a backup, or delete it "
+                              f"to fall back to {Path(run_dir) / '.hydra'}") from exc
+    return _legacy_record(Path(run_dir))
+
+
+def write_record(run_dir: str | os.PathLike[str], *, name: str, overrides: list[str], config: dict[str, Any]) -> None:
+    """Store the run's name, overrides and resolved config (secrets redacted), atomically."""
+    record = {"name": name, "overrides": [redact_text(o) for o in overrides if override_key(o) not in _SESSION_KEYS],
+              "config": redact(config)}
+    atomic_write_text(Path(run_dir) / RECORD_FILE, json.dumps(record, indent=1, default=str) + "\n")
+
+
+def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    """`{"a.b": leaf}` for every leaf of a nested dict (lists are leaves)."""
+    if isinstance(node, dict) and node:
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            out.update(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    return {prefix: node}
+
+
+def _covered(key: str, prefixes: list[str]) -> bool:
+    return any(key == p or key.startswith(p + ".") for p in prefixes)
+
+
+def config_changes(stored: dict[str, Any], current: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """`{key: (stored, current)}` for every leaf that differs (redacted stored values and the
+    session keys `resume`, `allow_config_change` do not count)."""
+    old, new = _flatten(stored), _flatten(current)
+    changes = {}
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key, _ABSENT), new.get(key, _ABSENT)
+        if a != b and a != REDACTED and not _covered(key, list(_SESSION_KEYS)):
+            changes[key] = (a, b)
+    return changes
+
+
+def check_resume_config(stored: dict[str, Any] | None, current: dict[str, Any], run_dir: str) -> dict[str, tuple[Any, Any]]:
+    """The changes a resume makes to the stored config; raises ConfigError when a key outside
+    `resume_safe_keys` changes and `allow_config_change` is not true."""
+    if stored is None:
+        return {}
+    changes = config_changes(stored, current)
+    safe = [str(k) for k in current["resume_safe_keys"]]
+    refused = {k: v for k, v in changes.items() if not _covered(k, safe)}
+    if refused and current[OPT_IN] is not True:
+        lines = "\n  ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in refused.items())
+        raise ConfigError(
+            f"resume: the command changes the experiment of {run_dir} (stored config -> requested):\n  {lines}\n"
+            f"A resume continues the run with its stored config; drop these overrides to continue it as it was, "
+            f"or add {OPT_IN}=true to continue with the change (recorded in {CHANGES_FILE} and the wandb config). "
+            f"Keys a resume may change freely: {safe}")
+    return changes
+
+
+def record_changes(run_dir: str | os.PathLike[str], rollout_id: int, changes: dict[str, tuple[Any, Any]],
+                   opted_in: bool) -> None:
+    """Append one line to `<run>/config_changes.jsonl` (the changes, taking effect at `rollout_id`)."""
+    line = {"rollout_id": rollout_id, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "changes": {k: [redact({k: a})[k], redact({k: b})[k]] for k, (a, b) in changes.items()},
+            "accepted_by": f"{OPT_IN}=true" if opted_in else "resume_safe_keys"}
+    path = Path(run_dir) / CHANGES_FILE
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(line, default=str) + "\n")
+
+
+def read_changes(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Every line of `<run>/config_changes.jsonl` (empty when the run never changed its config)."""
+    path = Path(run_dir) / CHANGES_FILE
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]

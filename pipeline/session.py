@@ -1,0 +1,176 @@
+"""The command line before Hydra sees it: `resume=<run dir>` continues that run's experiment.
+
+`prepare_argv(argv)` (called by `run.py`) turns `python run.py resume=X [overrides]` into the
+stored overrides of X (`pipeline.run_record`) followed by the new ones, writing into X itself
+(`hydra.run.dir=X`) with this session's Hydra files in `X/.hydra/resume-<time>/` (the original
+run's `.hydra/*.yaml` stay as they were). Before Hydra writes anything it checks that X is a run
+dir (a sweep dir gets the list of its job dirs), that X is writable, and locks X
+(`pipeline.run_lock`), so a resume of a live run fails at once. A fresh run into an explicit
+`hydra.run.dir` that a live run holds fails the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from pipeline.config import ConfigError
+from pipeline.run_lock import LOCK_FILE, acquire
+from pipeline.run_record import (OPT_IN, RECORD_FILE, merge_overrides, override_key, read_record, record_changes,
+                                 write_record)
+
+__all__ = ["SESSION_PREFIX", "discard_session_files", "interrupt_hint", "prepare_argv", "resume_target_problem",
+           "session_subdir", "store_record"]
+
+logger = logging.getLogger(__name__)
+
+# this session's Hydra files in a resumed run dir: .hydra/resume-<time>/
+SESSION_PREFIX = "resume-"
+# flags after which Hydra does not run the job (nothing to lock, nothing written)
+_NO_RUN_FLAGS = ("--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "--resolve", "--shell-completion", "-sc")
+_MULTIRUN_FLAGS = ("--multirun", "-m")
+
+
+def _is_override(arg: str) -> bool:
+    return not arg.startswith("-") and ("=" in arg or arg.startswith("~"))
+
+
+def _job_dirs(path: Path) -> list[Path]:
+    """The job dirs of a sweep dir (subfolders holding a run's Hydra files or record), in job order."""
+    jobs = [p for p in path.iterdir() if p.is_dir() and ((p / ".hydra").is_dir() or (p / RECORD_FILE).is_file())]
+    return sorted(jobs, key=lambda p: (not p.name.isdigit(), int(p.name) if p.name.isdigit() else 0, p.name))
+
+
+def resume_target_problem(resume: str) -> str | None:
+    """Why `resume=<resume>` cannot be continued (not a dir, a sweep dir, not writable); None when it can."""
+    path = Path(resume)
+    if not path.is_dir():
+        return f"resume: {resume!r} is not a directory; expected a previous run dir (outputs/runs/...)"
+    is_run = (path / RECORD_FILE).is_file() or (path / ".hydra").is_dir() or (path / "checkpoints").is_dir()
+    jobs = [] if is_run else _job_dirs(path)
+    if jobs:
+        listed = "\n  ".join(f"resume={j}  ({_job_label(j)})" for j in jobs)
+        return f"resume: {resume!r} is a sweep dir; a resume continues one job, pick its dir:\n  {listed}"
+    try:
+        with tempfile.TemporaryFile(dir=path, prefix=".write-probe."):
+            pass
+    except OSError as exc:
+        return (f"resume: the run dir {resume!r} is not writable ({exc.strerror or exc}); a resume writes its "
+                f"checkpoints, metrics and logs there: make it writable (chmod -R u+w {resume}) or resume a "
+                f"copy (cp -r {resume} <new dir>, then resume=<new dir>)")
+    return None
+
+
+def _job_label(job: Path) -> str:
+    try:
+        record = read_record(job)
+    except ConfigError:
+        record = None
+    overrides = [o for o in (record or {}).get("overrides", []) if override_key(o) != "resume"]
+    return " ".join(overrides) or "no overrides"
+
+
+def session_subdir(run_dir: Path) -> str:
+    """`.hydra/resume-<time>` for this session (a suffix when that second is taken)."""
+    base = f".hydra/{SESSION_PREFIX}{time.strftime('%Y-%m-%d_%H-%M-%S')}"
+    name, i = base, 1
+    while (run_dir / name).exists():
+        i += 1
+        name = f"{base}_{i}"
+    return name
+
+
+def prepare_argv(argv: list[str]) -> list[str]:
+    """`argv` with a resume's stored overrides restored and its Hydra output set to the run dir;
+    the run dir locked when the job will run. Raises ConfigError / RunDirLocked (nothing written)."""
+    args = argv[1:]
+    runs = not any(a.split("=", 1)[0] in _NO_RUN_FLAGS for a in args)
+    resume = next((a.split("=", 1)[1] for a in args if _is_override(a) and override_key(a) == "resume"), None)
+    run_dirs = [a.split("=", 1)[1] for a in args if _is_override(a) and override_key(a) == "hydra.run.dir"]
+    if resume in (None, "", "null"):
+        if runs and run_dirs and (Path(run_dirs[-1]) / LOCK_FILE).is_file():
+            acquire(run_dirs[-1])  # a live run there: fail before Hydra rewrites its .hydra files
+        return argv
+    if any(a in _MULTIRUN_FLAGS for a in args):
+        raise ConfigError("resume: a resume continues one run; drop -m (sweep over fresh runs instead)")
+    problem = resume_target_problem(resume)
+    if problem:
+        raise ConfigError(problem)
+    run_dir = Path(resume).resolve()
+    if run_dirs:
+        logger.warning("resume: ignoring hydra.run.dir=%s; a resume writes into its run dir %s", run_dirs[-1], run_dir)
+    record = read_record(run_dir)
+    overrides = [a for a in args if _is_override(a)]
+    task = [a for a in overrides if not override_key(a).startswith(("hydra.", "hydra/"))]
+    hydra = [a for a in overrides if override_key(a).startswith(("hydra.", "hydra/"))
+             and override_key(a) not in ("hydra.run.dir", "hydra.output_subdir")]
+    flags = [a for a in args if not _is_override(a)]
+    restored = merge_overrides(list((record or {}).get("overrides", [])), task)
+    restored = [f"resume={run_dir}" if override_key(o) == "resume" else o for o in restored]
+    if runs:
+        acquire(run_dir)
+    hydra += [f"hydra.run.dir={run_dir}", f"hydra.output_subdir={session_subdir(run_dir)}"]
+    return [argv[0], *flags, *restored, *hydra]
+
+
+def _hydra_config() -> Any:
+    """Hydra's config of the running job; None outside a Hydra run (a test composing a config)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return HydraConfig.get()
+    except (ImportError, ValueError):
+        return None
+
+
+def discard_session_files(resumed: bool) -> None:
+    """Remove what Hydra wrote for a command refused at pre-flight: a fresh run's dir when it holds
+    nothing else (and a sweep dir left with nothing but multirun.yaml), or a resume's
+    `.hydra/resume-<time>/`. Outside a Hydra run there is nothing to remove."""
+    hc = _hydra_config()
+    if hc is None:
+        return
+    out = Path(hc.runtime.output_dir)
+    if resumed:
+        subdir = hc.output_subdir
+        if subdir and Path(subdir).name.startswith(SESSION_PREFIX):
+            shutil.rmtree(out / subdir, ignore_errors=True)
+        return
+    if not out.is_dir() or not {p.name for p in out.iterdir()} <= {".hydra", "run.log"}:
+        return
+    shutil.rmtree(out, ignore_errors=True)
+    from hydra.types import RunMode
+
+    sweep = out.parent
+    if hc.mode == RunMode.MULTIRUN and sweep.is_dir() and {p.name for p in sweep.iterdir()} <= {"multirun.yaml"}:
+        shutil.rmtree(sweep, ignore_errors=True)
+
+
+def store_record(run_dir: str, plain: dict[str, Any], name: str, record: dict[str, Any] | None,
+                 changes: dict[str, tuple[Any, Any]], start_rollout_id: int) -> None:
+    """Write the run record (this session's overrides and config) and log and record `changes`
+    (a resume's config changes, taking effect at `start_rollout_id`)."""
+    hc = _hydra_config()
+    overrides = list(hc.overrides.task) if hc is not None else list((record or {}).get("overrides", []))
+    if changes:
+        listed = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changes.items())
+        logger.warning("resume: config changes from rollout %d on: %s", start_rollout_id, listed)
+        record_changes(run_dir, start_rollout_id, changes, opted_in=plain[OPT_IN] is True)
+    write_record(run_dir, name=name, overrides=overrides, config=plain)
+
+
+def interrupt_hint(run_dir: str) -> str:
+    """What Ctrl-C kept and the command that continues the run."""
+    ids = [int(m.group(1)) for p in Path(run_dir, "checkpoints").glob("rollout_*.json")
+           if (m := re.fullmatch(r"rollout_(\d+)\.json", p.name))]
+    if not ids:
+        return (f"interrupted (Ctrl-C) before the first checkpoint; nothing to resume in {run_dir}: "
+                f"start the run again")
+    return (f"interrupted (Ctrl-C): the newest checkpoint is {run_dir}/checkpoints/rollout_{max(ids)}.json; a "
+            f"rollout in flight was not recorded and is redone on resume. Continue with:\n"
+            f"  python run.py resume={run_dir}")
