@@ -26,6 +26,8 @@ logger = logging.getLogger(__name__)
 LOCK_FILE = "run.lock"
 # run dir (absolute) -> open lock file descriptor, for the locks this process holds
 _HELD: dict[str, int] = {}
+# run dir -> takeover messages held back until logging is set up (acquired before Hydra started)
+_PENDING: dict[str, list[str]] = {}
 
 
 class RunDirLocked(RuntimeError):
@@ -54,10 +56,14 @@ def _pid_alive(pid: object) -> bool:
     return True
 
 
-def acquire(run_dir: str | os.PathLike[str]) -> None:
-    """Lock `run_dir` for this process (a no-op when it already holds it); raises RunDirLocked."""
+def acquire(run_dir: str | os.PathLike[str], defer_log: bool = False) -> None:
+    """Lock `run_dir` for this process (when it already holds it: only log what was deferred);
+    raises RunDirLocked. `defer_log`: log a stale-lock takeover at the next `acquire` (the run's
+    log file does not exist yet)."""
     key = os.path.abspath(run_dir)
     if key in _HELD:
+        for message in _PENDING.pop(key, []):
+            logger.warning("%s", message)
         return
     path = Path(key) / LOCK_FILE
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
@@ -78,9 +84,13 @@ def acquire(run_dir: str | os.PathLike[str]) -> None:
             raise RunDirLocked(
                 f"run dir {key} is locked by pid {holder.get('pid')} on host {holder.get('host')}, which cannot "
                 f"be checked from {host}; if that run is gone, delete {path} and try again")
-        logger.warning("taking over the stale lock %s of pid %s on host %s (%s; it ended without releasing it)",
-                       path, holder.get("pid"), holder.get("host"),
-                       "still running?" if _pid_alive(holder.get("pid")) else "no longer running")
+        message = (f"taking over the stale lock {path} of pid {holder.get('pid')} on host {holder.get('host')} "
+                   f"({'still running?' if _pid_alive(holder.get('pid')) else 'no longer running'}; it ended "
+                   f"without releasing it)")
+        if defer_log:
+            _PENDING.setdefault(key, []).append(message)
+        else:
+            logger.warning("%s", message)
     me = {"pid": os.getpid(), "host": host, "started": time.strftime("%Y-%m-%d %H:%M:%S"),
           "argv": " ".join(sys.argv)}
     os.ftruncate(fd, 0)

@@ -37,6 +37,8 @@ CHANGES_FILE = "config_changes.jsonl"
 OPT_IN = "allow_config_change"
 # overrides that belong to one session, never to the run's stored record
 _SESSION_KEYS = ("resume", OPT_IN)
+# keys a diff leaves out: the session keys, and the run dir itself (a moved or copied run dir)
+_NOT_COMPARED = [*_SESSION_KEYS, "paths.output_dir"]
 _ABSENT = "<absent>"
 
 
@@ -111,13 +113,13 @@ def _covered(key: str, prefixes: list[str]) -> bool:
 
 
 def config_changes(stored: dict[str, Any], current: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
-    """`{key: (stored, current)}` for every leaf that differs (redacted stored values and the
-    session keys `resume`, `allow_config_change` do not count)."""
+    """`{key: (stored, current)}` for every leaf that differs (redacted stored values, the session
+    keys `resume`, `allow_config_change` and the run dir `paths.output_dir` do not count)."""
     old, new = _flatten(stored), _flatten(current)
     changes = {}
     for key in sorted(set(old) | set(new)):
         a, b = old.get(key, _ABSENT), new.get(key, _ABSENT)
-        if a != b and a != REDACTED and not _covered(key, list(_SESSION_KEYS)):
+        if a != b and a != REDACTED and not _covered(key, _NOT_COMPARED):
             changes[key] = (a, b)
     return changes
 

@@ -94,7 +94,7 @@ def prepare_argv(argv: list[str]) -> list[str]:
     run_dirs = [a.split("=", 1)[1] for a in args if _is_override(a) and override_key(a) == "hydra.run.dir"]
     if resume in (None, "", "null"):
         if runs and run_dirs and (Path(run_dirs[-1]) / LOCK_FILE).is_file():
-            acquire(run_dirs[-1])  # a live run there: fail before Hydra rewrites its .hydra files
+            acquire(run_dirs[-1], defer_log=True)  # a live run there: fail before Hydra rewrites its .hydra files
         return argv
     if any(a in _MULTIRUN_FLAGS for a in args):
         raise ConfigError("resume: a resume continues one run; drop -m (sweep over fresh runs instead)")
@@ -113,7 +113,7 @@ def prepare_argv(argv: list[str]) -> list[str]:
     restored = merge_overrides(list((record or {}).get("overrides", [])), task)
     restored = [f"resume={run_dir}" if override_key(o) == "resume" else o for o in restored]
     if runs:
-        acquire(run_dir)
+        acquire(run_dir, defer_log=True)
     hydra += [f"hydra.run.dir={run_dir}", f"hydra.output_subdir={session_subdir(run_dir)}"]
     return [argv[0], *flags, *restored, *hydra]
 
@@ -129,9 +129,9 @@ def _hydra_config() -> Any:
 
 
 def discard_session_files(resumed: bool) -> None:
-    """Remove what Hydra wrote for a command refused at pre-flight: a fresh run's dir when it holds
-    nothing else (and a sweep dir left with nothing but multirun.yaml), or a resume's
-    `.hydra/resume-<time>/`. Outside a Hydra run there is nothing to remove."""
+    """Remove what Hydra wrote for a command refused at pre-flight: a fresh run's (or sweep job's)
+    dir when it holds nothing else, or a resume's `.hydra/resume-<time>/`. Outside a Hydra run
+    there is nothing to remove."""
     hc = _hydra_config()
     if hc is None:
         return
@@ -141,14 +141,8 @@ def discard_session_files(resumed: bool) -> None:
         if subdir and Path(subdir).name.startswith(SESSION_PREFIX):
             shutil.rmtree(out / subdir, ignore_errors=True)
         return
-    if not out.is_dir() or not {p.name for p in out.iterdir()} <= {".hydra", "run.log"}:
-        return
-    shutil.rmtree(out, ignore_errors=True)
-    from hydra.types import RunMode
-
-    sweep = out.parent
-    if hc.mode == RunMode.MULTIRUN and sweep.is_dir() and {p.name for p in sweep.iterdir()} <= {"multirun.yaml"}:
-        shutil.rmtree(sweep, ignore_errors=True)
+    if out.is_dir() and {p.name for p in out.iterdir()} <= {".hydra", "run.log"}:
+        shutil.rmtree(out, ignore_errors=True)
 
 
 def store_record(run_dir: str, plain: dict[str, Any], name: str, record: dict[str, Any] | None,

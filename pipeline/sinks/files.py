@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from pipeline.atomic import atomic_write_text, make_temp
+from pipeline.atomic import atomic_write_text, file_mode, make_temp
 
 __all__ = ["load_train_data", "read_samples", "write_samples", "write_train_data"]
 
@@ -57,6 +57,7 @@ def write_train_data(path: str | os.PathLike[str], data: dict[str, Any], meta: d
     os.close(fd)
     try:
         save_file(tensors, tmp, metadata={"format": _FORMAT})
+        os.chmod(tmp, file_mode())  # save_file writes the file anew, with mode 0600
         os.replace(tmp, st)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

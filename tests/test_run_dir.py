@@ -1,0 +1,281 @@
+"""A run dir is one experiment, through the CLI (`python run.py ... engine=scripted`): resume restores
+the stored config and refuses other changes unless opted in (recorded), a resumed session writes
+into the run's own dir, one writer per run dir (a lock, stale locks taken over), unique run dirs,
+Ctrl-C, invalid commands that leave nothing behind, file modes that honour the umask."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline.atomic import atomic_write_text
+from pipeline.data.checkpoint import read_checkpoint, write_checkpoint
+from pipeline.run_lock import LOCK_FILE
+from pipeline.run_record import CHANGES_FILE, RECORD_FILE
+from pipeline.session import resume_target_problem
+from pipeline.sinks.jsonl import read_metrics
+
+sys.path.insert(0, str(Path(__file__).parent / "pipeline"))
+import wandb_records  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true", HYDRA_FULL_ERROR="0", OMP_NUM_THREADS="1")
+# the experiment a run starts with; resumes below never repeat it unless they say so
+EXPERIMENT = ["experiment=smoke", "advantage=rloo", "rollout_temperature=0.3", "rollout.progress=false",
+              "rollout.summary=false"]
+
+
+def cli(*args: str, ok: bool = True, timeout: int = 120) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "run.py", *args], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                          timeout=timeout)
+    if ok:
+        assert proc.returncode == 0, f"run.py {' '.join(args)} failed:\n{proc.stderr[-4000:]}"
+    else:
+        assert proc.returncode != 0, f"run.py {' '.join(args)} should have failed:\n{proc.stderr[-2000:]}"
+    return proc
+
+
+def start(*args: str, token_delay: float = 0.05) -> subprocess.Popen:
+    """A slow run in the background (the scripted engine waits `token_delay` s per token); its
+    console (stdout and stderr) in `proc.stdout`."""
+    return subprocess.Popen([sys.executable, "run.py", f"engine.token_delay={token_delay}", *args], cwd=ROOT, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def wait_for(cond, what: str, proc: subprocess.Popen, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert proc.poll() is None, f"the run ended before {what}: {proc.stdout.read()[-3000:]}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def steps(run_dir: Path) -> list[int]:
+    return [r["step"] for r in read_metrics(run_dir / "metrics.jsonl")]
+
+
+def has_steps(run_dir: Path) -> bool:
+    """metrics.jsonl has a line (read while the run may be appending the next one)."""
+    try:
+        return bool(steps(run_dir))
+    except (OSError, ValueError):
+        return False
+
+
+def stored_config(run_dir: Path) -> dict:
+    return json.loads((run_dir / RECORD_FILE).read_text())["config"]
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory) -> Path:
+    """A finished 2-rollout run with rloo advantages and temperature 0.3."""
+    run_dir = tmp_path_factory.mktemp("first") / "run"
+    cli(*EXPERIMENT, f"hydra.run.dir={run_dir}")
+    return run_dir
+
+
+@pytest.mark.timeout(400)
+def test_resume_restores_the_config_and_refuses_other_changes(first_run, tmp_path):
+    run_dir = tmp_path / "run"
+    os.system(f"cp -r {first_run} {run_dir}")
+    # the reported case: another estimator, batch and a buffered source on a plain run
+    refused = cli("experiment=smoke", f"resume={run_dir}", "num_rollout=4", "advantage=grpo", "rollout_batch_size=4",
+                  "data_source=buffered", ok=False)
+    for line in ("advantage.estimator: 'rloo' -> 'grpo'", "rollout_batch_size: 2 -> 4",
+                 "data_source._target_: 'pipeline.data.sources.PlainDataSource' -> "
+                 "'pipeline.data.sources.BufferedDataSource'", "allow_config_change=true"):
+        assert line in refused.stderr, refused.stderr[-3000:]
+    assert steps(run_dir) == [0, 1] and sorted(p.name for p in (run_dir / ".hydra").iterdir()) == [
+        "config.yaml", "hydra.yaml", "overrides.yaml"]  # the refused session left nothing
+    # a safe key, without repeating the original overrides (repeating experiment=smoke is no change);
+    # an explicit hydra.run.dir is ignored: the resumed session writes into the run dir
+    elsewhere = tmp_path / "elsewhere"
+    cli(f"resume={run_dir}", "experiment=smoke", "num_rollout=3", f"hydra.run.dir={elsewhere}")
+    assert steps(run_dir) == [0, 1, 2] and not elsewhere.exists()
+    config = stored_config(run_dir)
+    assert config["advantage"]["estimator"] == "rloo" and config["rollout_temperature"] == 0.3
+    assert config["num_rollout"] == 3
+    sessions = sorted((run_dir / ".hydra").glob("resume-*"))
+    assert len(sessions) == 1 and "rollout_temperature=0.3" in (sessions[0] / "overrides.yaml").read_text()
+    assert "advantage=rloo" in (run_dir / ".hydra" / "overrides.yaml").read_text()  # the original record kept
+    log = (run_dir / "run.log").read_text()
+    assert "resume: " in log and "next rollout 2" in log  # the resumed session's log is the run's
+    changes = [json.loads(x) for x in (run_dir / CHANGES_FILE).read_text().splitlines()]
+    assert changes == [{"rollout_id": 2, "time": changes[0]["time"], "changes": {"num_rollout": [2, 3]},
+                        "accepted_by": "resume_safe_keys"}]
+
+
+@pytest.mark.timeout(400)
+def test_opt_in_records_the_change_in_the_run_dir_and_the_wandb_config(first_run, tmp_path):
+    """Real part: the offline wandb run records the config update."""
+    run_dir = tmp_path / "run"
+    os.system(f"cp -r {first_run} {run_dir}")
+    cli(f"resume={run_dir}", "num_rollout=3", "advantage=grpo", "allow_config_change=true", "logger=wandb")
+    assert steps(run_dir) == [0, 1, 2]
+    line = json.loads((run_dir / CHANGES_FILE).read_text().splitlines()[-1])
+    assert line["rollout_id"] == 2 and line["accepted_by"] == "allow_config_change=true"
+    assert line["changes"]["advantage.estimator"] == ["rloo", "grpo"]
+    assert stored_config(run_dir)["advantage"]["estimator"] == "grpo"  # the next resume compares with this
+    assert "advantage=grpo" in json.loads((run_dir / RECORD_FILE).read_text())["overrides"]
+    wandb_file = next((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+    updates = {}
+    for record in wandb_records.scan(wandb_file):
+        if record.WhichOneof("record_type") == "config":
+            updates.update({i.key: json.loads(i.value_json) for i in record.config.update})
+    assert updates["advantage"]["estimator"] == "grpo"
+    assert updates["config_changes"][-1]["changes"]["advantage.estimator"] == ["rloo", "grpo"]
+    # a second resume without the opt-in continues with grpo (the recorded config), no new change
+    cli(f"resume={run_dir}", "num_rollout=4")
+    assert steps(run_dir) == [0, 1, 2, 3] and stored_config(run_dir)["advantage"]["estimator"] == "grpo"
+
+
+@pytest.mark.timeout(300)
+def test_an_older_run_dir_without_a_record_resumes_from_its_hydra_files(first_run, tmp_path):
+    run_dir = tmp_path / "run"
+    os.system(f"cp -r {first_run} {run_dir}")
+    (run_dir / RECORD_FILE).unlink()
+    cli(f"resume={run_dir}", "num_rollout=3")
+    assert steps(run_dir) == [0, 1, 2] and stored_config(run_dir)["advantage"]["estimator"] == "rloo"
+    (run_dir / RECORD_FILE).unlink()
+    refused = cli(f"resume={run_dir}", "num_rollout=4", "rollout_temperature=1.0", ok=False)
+    assert "rollout_temperature: 0.3 -> 1.0" in refused.stderr
+
+
+@pytest.mark.timeout(400)
+def test_two_runs_on_one_dir_and_a_resume_of_a_live_run_fail_at_once(tmp_path):
+    run_dir = tmp_path / "run"
+    first = start(*EXPERIMENT, "num_rollout=50", f"hydra.run.dir={run_dir}", token_delay=0.2)
+    try:
+        lock = run_dir / LOCK_FILE
+        wait_for(lambda: lock.is_file() and lock.read_text().strip(), "the lock", first)
+        holder = f"in use by pid {first.pid} on host {socket.gethostname()}"
+        for args in ([*EXPERIMENT, f"hydra.run.dir={run_dir}"], [f"resume={run_dir}", "num_rollout=5"]):
+            began = time.monotonic()
+            second = cli(*args, ok=False)
+            assert holder in second.stderr and time.monotonic() - began < 30, second.stderr[-2000:]
+        first.send_signal(signal.SIGINT)
+        assert first.wait(timeout=60) == 130, first.stdout.read()[-3000:]
+    finally:
+        first.kill()
+    done = steps(run_dir)
+    assert done == list(range(len(done)))  # each step once
+    assert sorted(p.name for p in (run_dir / ".hydra").iterdir()) == ["config.yaml", "hydra.yaml", "overrides.yaml"]
+    assert "num_rollout=50" in (run_dir / ".hydra" / "overrides.yaml").read_text()
+    assert lock.read_text() == ""  # released at exit
+
+
+@pytest.mark.timeout(400)
+def test_a_killed_runs_stale_lock_is_taken_over(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = start(*EXPERIMENT, "num_rollout=4", f"hydra.run.dir={run_dir}")
+    try:
+        wait_for(lambda: (run_dir / "checkpoints" / "rollout_0.json").exists(), "the first checkpoint", proc)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert json.loads((run_dir / LOCK_FILE).read_text())["pid"] == proc.pid  # left behind
+    cli(f"resume={run_dir}")
+    assert steps(run_dir) == [0, 1, 2, 3] and (run_dir / LOCK_FILE).read_text() == ""
+    log = (run_dir / "run.log").read_text()
+    assert f"taking over the stale lock {run_dir / LOCK_FILE} of pid {proc.pid}" in log
+    assert "no longer running" in log
+
+
+@pytest.mark.timeout(400)
+def test_ctrl_c_saves_releases_and_prints_the_resume_command(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = start(*EXPERIMENT, "num_rollout=20", f"hydra.run.dir={run_dir}")
+    try:
+        wait_for(lambda: has_steps(run_dir), "the first rollout", proc)
+        proc.send_signal(signal.SIGINT)
+        err = proc.communicate(timeout=60)[0]
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    assert f"python run.py resume={run_dir}" in err
+    done = steps(run_dir)
+    newest = max(int(p.stem.split("_")[1]) for p in (run_dir / "checkpoints").glob("rollout_*.json"))
+    assert done == list(range(newest + 1))  # a metrics line for every checkpointed rollout, none beyond
+    assert read_checkpoint(run_dir / "checkpoints" / f"rollout_{newest}.json")["rollout_id"] == newest
+    assert (run_dir / LOCK_FILE).read_text() == ""
+    cli(f"resume={run_dir}", f"num_rollout={newest + 3}")
+    assert steps(run_dir) == list(range(newest + 3))
+
+
+@pytest.mark.timeout(300)
+def test_invalid_commands_leave_nothing_and_run_dirs_are_unique(tmp_path):
+    bad = tmp_path / "bad"
+    refused = cli(*EXPERIMENT, "num_rollout=0", f"hydra.run.dir={bad}", ok=False)
+    assert "num_rollout" in refused.stderr and not bad.exists()
+    sweep = tmp_path / "sweep"
+    cli("-m", *EXPERIMENT, "num_rollout=0", f"hydra.sweep.dir={sweep}", ok=False)
+    assert not (sweep / "0").exists()
+    # two runs started at once with the same dir name get two dirs
+    same = "hydra.run.dir=${unique_dir:" + str(tmp_path / "runs" / "same") + "}"
+    procs = [subprocess.Popen([sys.executable, "run.py", *EXPERIMENT, same], cwd=ROOT, env=ENV,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for p in procs:
+        assert p.wait(timeout=200) == 0, p.stderr.read()[-3000:]  # (progress off: stdout stays small)
+    runs = sorted(p.name for p in (tmp_path / "runs").iterdir())
+    assert runs == ["same", "same_2"]
+    for name in runs:
+        assert steps(tmp_path / "runs" / name) == [0, 1]
+
+
+def test_resume_of_a_sweep_dir_lists_its_jobs_and_a_read_only_dir_says_what_to_do(tmp_path, monkeypatch):
+    sweep = tmp_path / "sweep"
+    for job, seed in (("0", 1), ("1", 2)):
+        (sweep / job / ".hydra").mkdir(parents=True)
+        (sweep / job / ".hydra" / "overrides.yaml").write_text(f"- data_source.seed={seed}\n")
+    (sweep / "multirun.yaml").write_text("{}\n")
+    msg = cli(f"resume={sweep}", ok=False).stderr
+    assert "is a sweep dir" in msg and f"resume={sweep / '0'}  (data_source.seed=1)" in msg
+    assert f"resume={sweep / '1'}  (data_source.seed=2)" in msg and not list(sweep.glob("*/run.lock"))
+
+    def read_only(*args, **kwargs):
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr("tempfile.TemporaryFile", read_only)
+    problem = resume_target_problem(str(sweep / "0"))
+    assert problem is not None and f"the run dir {str(sweep / '0')!r} is not writable (Read-only file system)" in problem
+    assert "cp -r" in problem
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only dirs")
+def test_resume_into_a_read_only_dir_through_the_cli(first_run, tmp_path):
+    run_dir = tmp_path / "run"
+    os.system(f"cp -r {first_run} {run_dir} && chmod -R a-w {run_dir}")
+    try:
+        msg = cli(f"resume={run_dir}", "num_rollout=3", ok=False).stderr
+    finally:
+        os.system(f"chmod -R u+w {run_dir}")
+    assert "is not writable" in msg and "Traceback" not in msg
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_written_files_honour_the_umask(tmp_path, umask):
+    from pipeline.sample import Sample
+    from pipeline.sinks.files import write_samples, write_train_data
+
+    old = os.umask(umask)
+    try:
+        atomic_write_text(tmp_path / "a.txt", "x")
+        write_samples(tmp_path / "samples.jsonl", [Sample(prompt="p", index=0)])
+        write_train_data(tmp_path / "td", {"tokens": [[1, 2]]})
+        write_checkpoint(tmp_path / "rollout_0.json", {"rollout_id": 0})
+        with open(tmp_path / "plain.txt", "w") as fh:
+            fh.write("x")
+    finally:
+        os.umask(old)
+    expected = 0o666 & ~umask
+    for name in ("a.txt", "samples.jsonl", "td.safetensors", "td.json", "rollout_0.json", "plain.txt"):
+        assert (tmp_path / name).stat().st_mode & 0o777 == expected, name
