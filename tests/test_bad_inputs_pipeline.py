@@ -8,6 +8,7 @@ The plugins the cases point at live in this module (`tests.test_bad_inputs_pipel
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -17,6 +18,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -187,6 +189,33 @@ def _no_checkpoints(tmp: Path) -> str:
     return _app(tmp, f"resume={tmp}/empty")
 
 
+def _sweep_dir(tmp: Path) -> str:
+    for job in ("0", "1"):
+        (tmp / "sweep" / job / ".hydra").mkdir(parents=True)
+        (tmp / "sweep" / job / ".hydra" / "overrides.yaml").write_text(f"- data_source.seed={job}\n")
+    return _app(tmp, f"resume={tmp}/sweep")
+
+
+def _read_only(tmp: Path) -> str:
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(30, "Read-only file system")
+
+    with patch("tempfile.TemporaryFile", refuse):
+        return _resume_after(tmp, lambda ck: None)
+
+
+def _in_use(tmp: Path) -> str:
+    """Another process's lock on the run dir (an flock on a second open file, as a live run holds)."""
+    (tmp / "run").mkdir()
+    fd = os.open(tmp / "run" / "run.lock", os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, json.dumps({"pid": 4242, "host": "node7", "started": "10:00", "argv": "run.py"}).encode())
+        return _app(tmp)
+    finally:
+        os.close(fd)
+
+
 CASES: dict[str, Callable[[Path], str]] = {
     # config, through the CLI
     "unknown-option": lambda t: _cli(t, "rollout_batchsize=2"),
@@ -226,7 +255,12 @@ CASES: dict[str, Callable[[Path], str]] = {
     "resume-not-a-dir": lambda t: _app(t, f"resume={t}/nope"),
     "resume-no-checkpoints": _no_checkpoints,
     "resume-truncated-checkpoint": lambda t: _resume_after(t, _truncate),
-    "resume-different-data": lambda t: _resume_after(t, lambda ck: None, "data_source.seed=7"),
+    "resume-different-data": lambda t: _resume_after(t, lambda ck: None, "data_source.seed=7",
+                                                     "allow_config_change=true"),
+    "resume-changed-config": lambda t: _resume_after(t, lambda ck: None, "advantage=rloo"),
+    "resume-sweep-dir": _sweep_dir,
+    "resume-read-only": _read_only,
+    "run-dir-in-use": _in_use,
 }
 
 
