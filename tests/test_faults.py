@@ -259,8 +259,8 @@ PLUGIN_FAULTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 def test_raising_plugin_stops_with_its_path_and_keeps_the_checkpoint(case: str, tmp_path: Path) -> None:
     good, bad = PLUGIN_FAULTS[case]
     _run(tmp_path, *good)
-    with pytest.raises(Exception) as err:
-        _run(tmp_path, f"resume={tmp_path}/run", "num_rollout=2", *bad)
+    with pytest.raises(Exception) as err:  # the plugin is a config change: opted in
+        _run(tmp_path, f"resume={tmp_path}/run", "num_rollout=2", "allow_config_change=true", *bad)
     text = str(err.value) + "".join(getattr(err.value, "__notes__", []))
     assert "exploded" in text and f"{ME}." in text, text
-    _resume_works(tmp_path, *good)
+    _resume_works(tmp_path, "allow_config_change=true", *good)  # and back
