@@ -130,7 +130,8 @@ def check_resume_config(stored: dict[str, Any] | None, current: dict[str, Any], 
     if stored is None:
         return {}
     changes = config_changes(stored, current)
-    safe = [str(k) for k in current["resume_safe_keys"]]
+    # the stored list: a resume cannot widen it for itself
+    safe = [str(k) for k in stored.get("resume_safe_keys", current["resume_safe_keys"])]
     refused = {k: v for k, v in changes.items() if not _covered(k, safe)}
     if refused and current[OPT_IN] is not True:
         lines = "\n  ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in refused.items())

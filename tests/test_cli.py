@@ -89,7 +89,8 @@ def test_buffered_reward_topk_run(data, tmp_path):
     run_cli(base(data) + ["data_source=buffered", "filter=reward_topk", "num_rollout=3", f"hydra.run.dir={run_dir}"])
     check_run_dir(run_dir, [0, 1, 2])
     info = wandb_records.run_info(wandb_files(run_dir)[0])
-    assert info["group"] == "" and "filter=reward_topk" in info["name"]
+    # a single run is named after its run dir plus its overrides (not just "run")
+    assert info["group"] == "" and info["name"].startswith("run ") and "filter=reward_topk" in info["name"]
     assert info["config"]["data_source"]["_target_"] == "pipeline.data.sources.BufferedDataSource"
     assert info["config"]["rollout_batch_size"] == 2
     state = read_checkpoint(run_dir / "checkpoints" / "rollout_2.json")
