@@ -92,15 +92,17 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         raise
     os.makedirs(run_dir, exist_ok=True)
     run_lock.acquire(run_dir)
+    main_thread = threading.current_thread() is threading.main_thread()
+    on_interrupt = signal.getsignal(signal.SIGINT) if main_thread else None
     try:
         return _run_locked(plain, run_dir, record, changes)
     except KeyboardInterrupt:
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C does not cut the clean-up short
         logger.warning("%s", interrupt_hint(run_dir))
         raise SystemExit(130) from None
     finally:
         run_lock.release(run_dir)
+        if main_thread:
+            signal.signal(signal.SIGINT, on_interrupt)
 
 
 def _run_locked(plain: dict[str, Any], run_dir: str, record: dict[str, Any] | None,
@@ -142,6 +144,8 @@ def _run_locked(plain: dict[str, Any], run_dir: str, record: dict[str, Any] | No
         return result
     except KeyboardInterrupt:
         exit_code = 130
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C does not cut the clean-up short
         raise
     finally:
         for sink in sinks:
