@@ -1,6 +1,6 @@
 """One writer per run dir: `<run>/run.lock`, an exclusive `flock` plus who holds it.
 
-The lock file holds `{"pid", "host", "started", "argv"}` while a run (or a resume) writes into the
+The lock file holds `{"pid", "host", "started", "argv"}` (secrets in argv redacted) while a run (or a resume) writes into the
 dir, and is emptied when it ends (normally, on an error or on Ctrl-C). The kernel drops the
 `flock` of a killed process, so a lock file that still names a holder while nobody holds the
 `flock` is stale: it is taken over and the takeover logged. A second writer while the holder is
@@ -18,6 +18,8 @@ import socket
 import sys
 import time
 from pathlib import Path
+
+from pipeline.sinks.redact import redact_text
 
 __all__ = ["LOCK_FILE", "RunDirLocked", "acquire", "release"]
 
@@ -92,7 +94,7 @@ def acquire(run_dir: str | os.PathLike[str], defer_log: bool = False) -> None:
         else:
             logger.warning("%s", message)
     me = {"pid": os.getpid(), "host": host, "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-          "argv": " ".join(sys.argv)}
+          "argv": redact_text(" ".join(sys.argv))}
     os.ftruncate(fd, 0)
     os.lseek(fd, 0, os.SEEK_SET)
     os.write(fd, json.dumps(me).encode())

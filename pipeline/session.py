@@ -47,7 +47,8 @@ def _job_dirs(path: Path) -> list[Path]:
 
 
 def resume_target_problem(resume: str) -> str | None:
-    """Why `resume=<resume>` cannot be continued (not a dir, a sweep dir, not writable); None when it can."""
+    """Why `resume=<resume>` cannot be continued (not a dir, a sweep dir, no run in it, not writable);
+    None when it can."""
     path = Path(resume)
     if not path.is_dir():
         return f"resume: {resume!r} is not a directory; expected a previous run dir (outputs/runs/...)"
@@ -56,6 +57,9 @@ def resume_target_problem(resume: str) -> str | None:
     if jobs:
         listed = "\n  ".join(f"resume={j}  ({_job_label(j)})" for j in jobs)
         return f"resume: {resume!r} is a sweep dir; a resume continues one job, pick its dir:\n  {listed}"
+    if not is_run:
+        return (f"resume: {resume!r} is not a run dir (it has no {RECORD_FILE}, .hydra/ or checkpoints/); "
+                f"expected a previous run dir (outputs/runs/...)")
     try:
         with tempfile.TemporaryFile(dir=path, prefix=".write-probe."):
             pass

@@ -9,6 +9,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from pipeline.app import run
+from pipeline.config import ConfigError
 from pipeline.sinks.jsonl import read_metrics
 from tests.pipeline import fakes
 
@@ -53,6 +54,9 @@ def test_failure_still_finishes_sinks_marked_failed(tmp_path):
 @pytest.mark.timeout(60)
 def test_resume_without_checkpoint_is_a_clear_error(tmp_path):
     (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="resume: '.*empty' is not a run dir"):
+        run(_cfg(tmp_path, f"resume={tmp_path}/empty"))
+    (tmp_path / "empty" / "checkpoints").mkdir()
     with pytest.raises(FileNotFoundError, match="resume: no valid checkpoint in .*empty/checkpoints"):
         run(_cfg(tmp_path, f"resume={tmp_path}/empty"))
 
