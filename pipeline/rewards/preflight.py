@@ -1,0 +1,92 @@
+"""Pre-flight checks of the reward config against the prompt files (called by `validate`).
+
+With the built-in dispatcher and no `reward.custom_rm_path`, every rm_type a run can meet, the
+global `reward.rm_type` and each `metadata["rm_type"]` in the training and eval prompt files, must
+be a known type, found before any engine, model or data source is built. Also checked: a type
+whose grader needs a package that is missing (`ifbench`), rows without an rm_type when there is
+no global one, and `dapo` (slime's dict reward) without `reward_key` or mixed with number rewards.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipeline.rewards.ifbench import ifbench_available, ifbench_missing_message
+from pipeline.rewards.rm_types import rm_type_problem, rm_types_in_rows, split_rm_type
+
+__all__ = ["reward_problems"]
+
+
+def _prompt_files(cfg: dict[str, Any]) -> list[tuple[str, str, Any, bool]]:
+    """(config key, file spec, metadata key, is training data) of every prompt file to scan."""
+    ds = cfg.get("data_source")
+    ds = ds if isinstance(ds, dict) else {}
+    metadata_key = ds.get("metadata_key", "metadata")
+    files: list[tuple[str, str, Any, bool]] = []
+    paths = ds.get("path")
+    for p in paths if isinstance(paths, list) else [paths]:
+        if isinstance(p, str) and p:
+            files.append(("data_source.path", p, metadata_key, True))
+    ev = cfg.get("eval")
+    datasets = ev.get("datasets") if isinstance(ev, dict) else None
+    for i, d in enumerate(datasets if isinstance(datasets, list) else []):
+        if isinstance(d, dict) and isinstance(d.get("path"), str):
+            key = d.get("metadata_key") or metadata_key
+            files.append((f"eval.datasets[{i}].path", d["path"], key, False))
+    return files
+
+
+def _scan(cfg: dict[str, Any], global_type: Any, out: list[str]) -> dict[str, str]:
+    """Known training rm_types -> where first seen; problems of every file appended to `out`."""
+    from pipeline.data.errors import DataError
+
+    used: dict[str, str] = {}
+    files = _prompt_files(cfg)
+    for key, spec, metadata_key, training in files:
+        try:
+            found, missing = rm_types_in_rows(spec, metadata_key)
+        except (DataError, OSError, ValueError):
+            continue  # a missing or unreadable file is reported by the data checks
+        for value, where in found.items():
+            problem = rm_type_problem(value)
+            if problem is not None:
+                out.append(f'{key}: {where}: metadata["rm_type"]: {problem}; fix the row, or set '
+                           f"reward.custom_rm_path to a reward function")
+            elif training:
+                used.setdefault(value, where)
+        if missing and global_type is None:
+            out.append(f"{key}: {missing} rows of {spec} have no metadata rm_type and reward.rm_type is "
+                       f"null; set reward.rm_type (e.g. reward.rm_type=math) or reward.custom_rm_path")
+        if missing and training and isinstance(global_type, str):
+            used.setdefault(global_type, "reward.rm_type")
+    if not any(training for *_, training in files) and isinstance(global_type, str):
+        used.setdefault(global_type, "reward.rm_type")
+    return used
+
+
+def reward_problems(cfg: dict[str, Any]) -> list[str]:
+    """Every reward problem of the resolved run config `cfg` (see module docstring)."""
+    reward = cfg.get("reward")
+    if not isinstance(reward, dict) or not str(reward.get("_target_", "")).endswith("RewardDispatcher"):
+        return []
+    custom = reward.get("custom_rm_path")
+    if isinstance(custom, str) and custom and custom != "???":
+        return []  # a reward function replaces every rm_type
+    out: list[str] = []
+    global_type = reward.get("rm_type")
+    if global_type is not None and rm_type_problem(global_type) is not None:
+        out.append(f"reward.rm_type: {rm_type_problem(global_type)}")
+        global_type = None
+    used = _scan(cfg, global_type, out)
+    bases = {split_rm_type(t)[1]: where for t, where in used.items()}
+    if "ifbench" in bases and not ifbench_available():
+        out.append(f"{bases['ifbench']}: {ifbench_missing_message()}")
+    if "dapo" in bases:
+        others = sorted(b for b in bases if b != "dapo")
+        if others:
+            out.append(f"{bases['dapo']}: rm_type dapo gives dict rewards but the training data also uses "
+                       f"{others} (numbers); reward_key applies to every sample, so keep dapo rows apart")
+        elif not cfg.get("reward_key"):
+            out.append(f"{bases['dapo']}: rm_type dapo gives slime's dict reward {{score, acc, pred}}; set "
+                       f"reward_key=score (slime: --reward-key score)")
+    return out
