@@ -77,7 +77,7 @@ def _from_table(table: pa.Table, metadata_key: str) -> tuple[dict[str, int], int
     for value in pc.unique(values).to_pylist():
         if value:
             found[value] = int(pc.index(values, value).as_py())
-    missing = int(pc.sum(pc.or_(pc.is_null(values), pc.equal(values, ""))).as_py() or 0)
+    missing = int(pc.sum(pc.or_kleene(pc.is_null(values), pc.equal(values, ""))).as_py() or 0)
     return found, missing
 
 
