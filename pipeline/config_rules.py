@@ -59,9 +59,10 @@ def collect_problems(cfg: dict[str, Any]) -> list[str]:
     _advantage(cfg, out)
     _plugins(cfg, out)
     _allowlist(cfg, out)
-    from pipeline.rewards.preflight import reward_problems
+    if not out:  # imports the rollout / eval targets and reads the prompt files: only when sound
+        from pipeline.rewards.preflight import reward_problems
 
-    out += reward_problems(cfg)  # reads the rm_types of the prompt files' rows
+        out += reward_problems(cfg)
     return out
 
 

@@ -1,14 +1,17 @@
 """Pre-flight checks of the reward config against the prompt files (called by `validate`).
 
-With the built-in dispatcher and no `reward.custom_rm_path`, every rm_type a run can meet, the
-global `reward.rm_type` and each `metadata["rm_type"]` in the training and eval prompt files, must
-be a known type, found before any engine, model or data source is built. Also checked: a type
+When the rollout or eval part takes the reward (a rollout function named by `path` scores its
+samples itself), the dispatcher is the built-in one and `reward.custom_rm_path` is not set,
+every rm_type a run can meet, the global `reward.rm_type` and each `metadata["rm_type"]` in the
+training and eval prompt files, must be a known type: this is found before any engine, model or
+data source is built. Also checked: a type
 whose grader needs a package that is missing (`ifbench`), rows without an rm_type when there is
 no global one, and `dapo` (slime's dict reward) without `reward_key` or mixed with number rewards.
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from pipeline.rewards.ifbench import ifbench_available, ifbench_missing_message
@@ -64,10 +67,32 @@ def _scan(cfg: dict[str, Any], global_type: Any, out: list[str]) -> dict[str, st
     return used
 
 
+def _uses_reward(cfg: dict[str, Any]) -> bool:
+    """True when the rollout or eval part is a class that takes the `reward` (a slime rollout
+    function named by `path` scores its samples itself). Only allowed targets are imported."""
+    from pipeline.config import allowed_targets, load_object
+
+    for group in ("rollout", "eval"):
+        node = cfg.get(group)
+        target = node.get("_target_") if isinstance(node, dict) else None
+        if not isinstance(target, str):
+            continue
+        try:
+            params = inspect.signature(load_object(target, allowed_targets(cfg), group)).parameters
+        except Exception:  # noqa: BLE001 - cannot tell; building it reports the real problem
+            return True
+        if "reward" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            return True
+    return False
+
+
 def reward_problems(cfg: dict[str, Any]) -> list[str]:
-    """Every reward problem of the resolved run config `cfg` (see module docstring)."""
+    """Every reward problem of the resolved run config `cfg` (see module docstring); call it only
+    when the config passed the allowlist check (it imports the rollout and eval targets)."""
     reward = cfg.get("reward")
     if not isinstance(reward, dict) or not str(reward.get("_target_", "")).endswith("RewardDispatcher"):
+        return []
+    if not _uses_reward(cfg):
         return []
     custom = reward.get("custom_rm_path")
     if isinstance(custom, str) and custom and custom != "???":

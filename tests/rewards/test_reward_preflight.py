@@ -77,6 +77,8 @@ def test_unknown_rm_type_in_a_row_names_the_line(tmp_path: Path) -> None:
         validate(_cfg(tmp_path, data))
     validate(_cfg(tmp_path, data, "reward=custom", "reward.custom_rm_path=examples.reward.brevity_math",
                   "allowed_targets_extra=[examples.]"))  # a reward function replaces every rm_type
+    validate(_cfg(tmp_path, data, "rollout=function", "rollout.path=examples.rollout.oracle_rollout",
+                  "allowed_targets_extra=[examples.]"))  # a slime rollout function scores its samples itself
 
 
 def test_eval_rows_are_checked_too(tmp_path: Path) -> None:
