@@ -5,8 +5,9 @@ samples itself), the dispatcher is the built-in one and `reward.custom_rm_path` 
 every rm_type a run can meet, the global `reward.rm_type` and each `metadata["rm_type"]` in the
 training and eval prompt files, must be a known type: this is found before any engine, model or
 data source is built. Also checked: a type
-whose grader needs a package that is missing (`ifbench`), rows without an rm_type when there is
-no global one, and `dapo` (slime's dict reward) without `reward_key` or mixed with number rewards.
+whose grader needs a package that is missing (`ifbench`), `remote` without a URL, rows without an
+rm_type when there is no global one, and `dapo` (slime's dict reward) without `reward_key` or
+mixed with number rewards.
 """
 
 from __future__ import annotations
@@ -106,6 +107,9 @@ def reward_problems(cfg: dict[str, Any]) -> list[str]:
     bases = {split_rm_type(t)[1]: where for t, where in used.items()}
     if "ifbench" in bases and not ifbench_available():
         out.append(f"{bases['ifbench']}: {ifbench_missing_message()}")
+    remote = [bases[b] for b in ("remote", "remote_rm") if b in bases]
+    if remote and not reward.get("remote_url") and not cfg.get("rm_url"):
+        out.append(f"{remote[0]}: rm_type remote needs the reward server's URL: set reward.remote_url=http://host:port/path")
     if "dapo" in bases:
         others = sorted(b for b in bases if b != "dapo")
         if others:

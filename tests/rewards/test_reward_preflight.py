@@ -105,6 +105,13 @@ def test_dapo_needs_reward_key_and_no_mixing(tmp_path: Path) -> None:
         validate(_cfg(tmp_path, mixed, "reward_key=score"))
 
 
+def test_remote_needs_a_url(tmp_path: Path) -> None:
+    data = _jsonl(tmp_path / "d.jsonl", _rows([None, "remote_rm"]))
+    with pytest.raises(ConfigError, match=rf"{data} line 2: rm_type remote needs .*reward.remote_url="):
+        validate(_cfg(tmp_path, data))
+    validate(_cfg(tmp_path, data, "reward.remote_url=http://127.0.0.1:9/reward"))
+
+
 @pytest.mark.skipif(ifbench_available(), reason="IFBench is installed here")
 def test_ifbench_without_its_package_is_refused(tmp_path: Path) -> None:
     data = _jsonl(tmp_path / "d.jsonl", _rows(["ifbench"]))
