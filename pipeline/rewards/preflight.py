@@ -41,7 +41,8 @@ def _prompt_files(cfg: dict[str, Any]) -> list[tuple[str, str, Any, bool]]:
 
 
 def _scan(cfg: dict[str, Any], global_type: Any, out: list[str]) -> dict[str, str]:
-    """Known training rm_types -> where first seen; problems of every file appended to `out`."""
+    """Known training rm_types -> where first seen; problems of every file appended to `out`.
+    `global_type`: `reward.rm_type` (None: not set; "" when set but unknown, already reported)."""
     from pipeline.data.errors import DataError
 
     used: dict[str, str] = {}
@@ -61,9 +62,9 @@ def _scan(cfg: dict[str, Any], global_type: Any, out: list[str]) -> dict[str, st
         if missing and global_type is None:
             out.append(f"{key}: {missing} rows of {spec} have no metadata rm_type and reward.rm_type is "
                        f"null; set reward.rm_type (e.g. reward.rm_type=math) or reward.custom_rm_path")
-        if missing and training and isinstance(global_type, str):
+        if missing and training and global_type:
             used.setdefault(global_type, "reward.rm_type")
-    if not any(training for *_, training in files) and isinstance(global_type, str):
+    if not any(training for *_, training in files) and global_type:
         used.setdefault(global_type, "reward.rm_type")
     return used
 
@@ -102,7 +103,7 @@ def reward_problems(cfg: dict[str, Any]) -> list[str]:
     global_type = reward.get("rm_type")
     if global_type is not None and rm_type_problem(global_type) is not None:
         out.append(f"reward.rm_type: {rm_type_problem(global_type)}")
-        global_type = None
+        global_type = ""
     used = _scan(cfg, global_type, out)
     bases = {split_rm_type(t)[1]: where for t, where in used.items()}
     if "ifbench" in bases and not ifbench_available():

@@ -68,6 +68,7 @@ def test_unknown_global_rm_type_lists_the_known_ones(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"reward.rm_type: unknown rm_type 'gsm8k'; known: math, deepscaler") as err:
         validate(_cfg(tmp_path, data, "reward.rm_type=gsm8k"))
     assert all(name in str(err.value) for name in RM_TYPES)
+    assert "have no metadata rm_type" not in str(err.value)  # one problem, one message
 
 
 def test_unknown_rm_type_in_a_row_names_the_line(tmp_path: Path) -> None:
