@@ -58,7 +58,7 @@ def _scan(cfg: dict[str, Any], global_type: Any, out: list[str]) -> dict[str, st
                 out.append(f'{key}: {where}: metadata["rm_type"]: {problem}; fix the row, or set '
                            f"reward.custom_rm_path to a reward function")
             elif training:
-                used.setdefault(value, where)
+                used.setdefault(value, f"{key}: {where}")
         if missing and global_type is None:
             out.append(f"{key}: {missing} rows of {spec} have no metadata rm_type and reward.rm_type is "
                        f"null; set reward.rm_type (e.g. reward.rm_type=math) or reward.custom_rm_path")

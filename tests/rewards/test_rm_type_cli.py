@@ -67,3 +67,25 @@ def test_unknown_rm_type_in_a_row_stops_at_pre_flight(tmp_path: Path) -> None:
     assert f"{data} line 3" in proc.stderr and "unknown rm_type 'gsm8k'" in proc.stderr
     assert "known: math, deepscaler, dapo, f1, gpqa, ifbench, random, remote, remote_rm" in proc.stderr
     assert not (run_dir / "train_data").exists() and not (run_dir / "metrics.jsonl").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_rows_pick_their_own_rm_type_with_the_real_model(tmp_path: Path) -> None:
+    """The same through the default hf engine (SmolLM2): each reward is its row's grader on the response."""
+    from pipeline.rewards.math import grade
+
+    data = _data(tmp_path / "mixed.jsonl", ["math", "f1", "gpqa", "boxed_math"])
+    run_dir = tmp_path / "run"
+    proc = _cli(["logger=jsonl", f"data_source.path={data}", "data_source.shuffle=false", "rollout_batch_size=4",
+                 "n_samples_per_prompt=2", "num_rollout=1", "rollout_max_response_len=24", "rollout.progress=false",
+                 "rollout.summary=false", f"hydra.run.dir={run_dir}"])
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    samples = read_samples(run_dir / "samples" / "rollout_0.jsonl")
+    assert sorted({s.metadata["rm_type"] for s in samples}) == ["boxed_math", "f1", "gpqa", "math"]
+    for s in samples:
+        rm_type = s.metadata["rm_type"]
+        expected = {"math": lambda: grade(s.response, s.label), "boxed_math": lambda: grade(s.response, s.label, True),
+                    "f1": lambda: f1_reward(s.response, s.label),
+                    "gpqa": lambda: grade_gpqa(s.response, s.label, s.metadata)}[rm_type]()
+        assert s.reward == pytest.approx(expected), (rm_type, s.response)
