@@ -47,9 +47,11 @@ def _scan(cfg: dict[str, Any], global_type: Any, out: list[str]) -> dict[str, st
 
     used: dict[str, str] = {}
     files = _prompt_files(cfg)
+    ds = cfg.get("data_source")
+    cache_dir = ds.get("cache_dir") if isinstance(ds, dict) else None
     for key, spec, metadata_key, training in files:
         try:
-            found, missing = rm_types_in_rows(spec, metadata_key)
+            found, missing = rm_types_in_rows(spec, metadata_key, cache_dir)
         except (DataError, OSError, ValueError):
             continue  # a missing or unreadable file is reported by the data checks
         for value, where in found.items():

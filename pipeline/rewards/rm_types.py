@@ -9,6 +9,7 @@ before anything heavy is built.
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import numpy as np
@@ -91,14 +92,46 @@ def _row_rm_type(row: Any, metadata_key: str) -> Any:
     return meta.get("rm_type") if isinstance(meta, dict) else None
 
 
-def rm_types_in_rows(path: str, metadata_key: str | None) -> tuple[dict[Any, str], int]:
+def rm_types_in_rows(path: str, metadata_key: str | None,
+                     cache_dir: str | None = None) -> tuple[dict[Any, str], int]:
     """`({rm_type: where it first appears}, number of rows without one)` for a prompt file spec
-    (`file.jsonl@[a:b]` slices allowed). `where` is e.g. `data.jsonl line 7`."""
-    from pipeline.data.readers import open_store
+    (`file.jsonl@[a:b]` slices allowed). `where` is e.g. `data.jsonl line 7`. A JSON file that
+    never mentions `rm_type` is not parsed; otherwise the answer is cached under `cache_dir`
+    by the files' sha256."""
+    from pipeline.data.lengths import ArrayCache
+    from pipeline.data.readers import open_store, parse_data_path
 
+    file, row_slice = parse_data_path(path)
     store = open_store(path)
-    if metadata_key is None:
+    if metadata_key is None or not _may_mention(file, b"rm_type"):
         return {}, len(store)
+    cache = ArrayCache(cache_dir, "rm_types")
+    key = cache.key({"files": [f.sha256 for f in store.files], "slice": str(row_slice),
+                     "metadata_key": metadata_key, "version": 1})
+    cached = cache.get(key)
+    if cached is not None:
+        return dict(zip(cached["values"].tolist(), cached["where"].tolist())), int(cached["missing"][0])
+    found, missing = _scan_store(store, metadata_key)
+    if all(isinstance(v, str) for v in found):
+        cache.put(key, {"values": np.array(list(found), dtype=str), "where": np.array(list(found.values()), dtype=str),
+                        "missing": np.array([missing])})
+    return found, missing
+
+
+def _may_mention(file: str, word: bytes) -> bool:
+    """False when `file` is JSON text that does not contain `word` (other formats: True)."""
+    if not file.lower().endswith((".jsonl", ".json")) or not os.path.isfile(file):
+        return True
+    tail = b""
+    with open(file, "rb") as f:
+        while chunk := f.read(1 << 22):
+            if word in tail + chunk:
+                return True
+            tail = chunk[-len(word):]
+    return False
+
+
+def _scan_store(store: Any, metadata_key: str) -> tuple[dict[Any, str], int]:
     table = store.table()
     scanned = _from_table(table, metadata_key) if table is not None else None
     if scanned is not None:

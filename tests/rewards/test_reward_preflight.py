@@ -55,6 +55,18 @@ def test_rm_types_in_rows_columnar_text_and_parquet(tmp_path: Path) -> None:
     assert set(found) == {"f1", "math", "boxed_gpqa"} and missing == 0
     assert rm_types_in_rows(str(columnar), None) == ({}, 5)
     assert rm_types_in_rows(str(columnar), "other") == ({}, 5)
+    plain = _jsonl(tmp_path / "p.jsonl", [{"input": "q", "metadata": {"x": 1}}] * 3)
+    assert rm_types_in_rows(str(plain), "metadata") == ({}, 3)   # never mentions rm_type: not parsed
+
+
+def test_rm_types_are_cached_by_content(tmp_path: Path) -> None:
+    data = _jsonl(tmp_path / "a.jsonl", _rows(["f1", None]))
+    first = rm_types_in_rows(str(data), "metadata", str(tmp_path / "cache"))
+    assert first == ({"f1": f"{data} line 1"}, 1) and len(list((tmp_path / "cache" / "rm_types").glob("*.npz"))) == 1
+    assert rm_types_in_rows(str(data), "metadata", str(tmp_path / "cache")) == first
+    _jsonl(data, _rows(["gpqa", "f1"]))                              # new content: a new answer
+    assert rm_types_in_rows(str(data), "metadata", str(tmp_path / "cache")) == (
+        {"gpqa": f"{data} line 1", "f1": f"{data} line 2"}, 0)
 
 
 # ------------------------------------------------------------------ validate
