@@ -4,10 +4,9 @@ When the rollout or eval part takes the reward (a rollout function named by `pat
 samples itself), the dispatcher is the built-in one and `reward.custom_rm_path` is not set,
 every rm_type a run can meet, the global `reward.rm_type` and each `metadata["rm_type"]` in the
 training and eval prompt files, must be a known type: this is found before any engine, model or
-data source is built. Also checked: a type
-whose grader needs a package that is missing (`ifbench`), `remote` without a URL, rows without an
-rm_type when there is no global one, and `dapo` (slime's dict reward) without `reward_key` or
-mixed with number rewards.
+data source is built. Also checked: a type whose grader needs a missing package (`ifbench`),
+`remote` without a URL, rows without an rm_type when there is no global one, and `dapo` (slime's
+dict reward) without `reward_key` or mixed with number rewards.
 """
 
 from __future__ import annotations
@@ -112,7 +111,8 @@ def reward_problems(cfg: dict[str, Any]) -> list[str]:
         out.append(f"{bases['ifbench']}: {ifbench_missing_message()}")
     remote = [bases[b] for b in ("remote", "remote_rm") if b in bases]
     if remote and not reward.get("remote_url") and not cfg.get("rm_url"):
-        out.append(f"{remote[0]}: rm_type remote needs the reward server's URL: set reward.remote_url=http://host:port/path")
+        out.append(f"{remote[0]}: rm_type remote needs the reward server's URL: set "
+                   f"reward.remote_url=http://host:port/path")
     if "dapo" in bases:
         others = sorted(b for b in bases if b != "dapo")
         if others:

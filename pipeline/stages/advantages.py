@@ -30,7 +30,8 @@ import torch
 
 from pipeline.stages.context import RolloutContext, StageParts
 
-__all__ = ["ESTIMATORS", "GROUP_MODES", "MEAN_SUBTRACTING", "post_process_rewards", "raw_reward_values", "rewards_stage"]
+__all__ = ["ESTIMATORS", "GROUP_MODES", "MEAN_SUBTRACTING", "post_process_rewards", "raw_reward_values",
+           "rewards_stage"]
 
 _MEAN_STD = {"grpo", "gspo", "cispo"}
 _MEAN_ONLY = {"reinforce_plus_plus_baseline", "dr_grpo"}

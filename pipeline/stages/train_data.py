@@ -103,7 +103,7 @@ def _when_all_have(samples: list[Any], attr: str) -> list[Any] | None:
     or, with a warning, when only some do."""
     values = [getattr(s, attr, None) for s in samples]
     missing = [s.index for s, v in zip(samples, values) if v is None]
-    if not missing:
+    if samples and not missing:
         return values
     if len(missing) < len(samples):
         logger.warning("%s present on %d of %d samples (missing on samples %s); the train data leaves "

@@ -69,15 +69,16 @@ def test_n1_rule_one_sample_groups_are_zero_uneven_fan_out_is_one_group(estimato
     """n_samples_per_prompt = 1: std normalisation applies to every group of 2+ samples; a group
     of one sample gets 0. Plain n=1 (one sample per group) and uneven fan-out (all samples one
     group) follow that same rule."""
-    args = _args(advantage_estimator=estimator, grpo_std_normalization=std, n_samples_per_prompt=1)
-    plain = post_process_rewards(args.__class__(**{**vars(args), "rollout_batch_size": 2}), _samples([1.0, 0.0], 1))[1]
-    assert plain == [0.0, 0.0]
-    fan_out = post_process_rewards(args.__class__(**{**vars(args), "rollout_batch_size": 3}), _samples([1.0, 0.0], 1))[1]
+    def advantages(samples, **over):
+        args = _args(advantage_estimator=estimator, grpo_std_normalization=std, n_samples_per_prompt=1, **over)
+        return post_process_rewards(args, samples)[1]
+
+    assert advantages(_samples([1.0, 0.0], 1), rollout_batch_size=2) == [0.0, 0.0]   # a group per prompt
+    fan_out = advantages(_samples([1.0, 0.0], 1), rollout_batch_size=3)                 # uneven: one group
     assert fan_out == pytest.approx(expected, abs=1e-7)
-    group_index = post_process_rewards(args.__class__(**{**vars(args), "group_mode": "group_index"}),
-                                       [Sample(group_index=0, index=0, reward=1.0), Sample(group_index=0, index=1, reward=0.0),
-                                        Sample(group_index=1, index=2, reward=5.0)])[1]
-    assert group_index[:2] == pytest.approx(expected, abs=1e-7) and group_index[2] == 0.0
+    by_index = advantages([Sample(group_index=0, index=0, reward=1.0), Sample(group_index=0, index=1, reward=0.0),
+                           Sample(group_index=1, index=2, reward=5.0)], group_mode="group_index")
+    assert by_index[:2] == pytest.approx(expected, abs=1e-7) and by_index[2] == 0.0
 
 
 def test_single_sample_gives_zero_not_nan():
