@@ -7,11 +7,14 @@ raises them all at once so a user fixes a config in one go.
 from __future__ import annotations
 
 import inspect
+import logging
 import os
 import re
 from typing import Any
 
 __all__ = ["check_call_signature", "collect_problems"]
+
+logger = logging.getLogger(__name__)
 
 _SLICE = re.compile(r"@\[[^\]]*\]$")
 _POSITIVE_INTS = ("num_rollout", "rollout_batch_size", "n_samples_per_prompt", "over_sampling_batch_size",
@@ -56,11 +59,15 @@ def collect_problems(cfg: dict[str, Any]) -> list[str]:
     _advantage(cfg, out)
     _plugins(cfg, out)
     _allowlist(cfg, out)
+    if not out:  # imports the rollout / eval targets and reads the prompt files: only when sound
+        from pipeline.rewards.preflight import reward_problems
+
+        out += reward_problems(cfg)
     return out
 
 
 def _advantage(cfg: dict[str, Any], out: list[str]) -> None:
-    from pipeline.stages.advantages import ESTIMATORS, GROUP_MODES
+    from pipeline.stages.advantages import ESTIMATORS, GROUP_MODES, MEAN_SUBTRACTING
 
     adv = cfg.get("advantage")
     if not isinstance(adv, dict):
@@ -76,6 +83,11 @@ def _advantage(cfg: dict[str, Any], out: list[str]) -> None:
     n = cfg.get("n_samples_per_prompt")
     if adv.get("estimator") == "rloo" and adv.get("rewards_normalization") is True and _is_int(n) and n < 2:
         out.append(f"advantage=rloo needs n_samples_per_prompt >= 2 (a leave-one-out baseline), got {n}")
+    elif adv.get("estimator") in MEAN_SUBTRACTING and adv.get("rewards_normalization") is True and n == 1:
+        logger.warning("n_samples_per_prompt=1 with advantage.estimator=%s: every prompt is a group of one "
+                       "sample, so every advantage is 0 and nothing is learnt (unless a custom generate fans "
+                       "out into uneven groups); use n_samples_per_prompt >= 2, advantage=reinforce_plus_plus "
+                       "or advantage.rewards_normalization=false", adv.get("estimator"))
 
 
 def _sizes(cfg: dict[str, Any], out: list[str]) -> None:

@@ -184,6 +184,12 @@ def _non_utf8(tmp: Path) -> str:
     return _app(tmp)
 
 
+def _unknown_rm_type(tmp: Path) -> str:
+    rows = [{"input": "What is 1 + 1?", "label": "2", "metadata": {"rm_type": t}} for t in ("math", "gsm8k")]
+    (tmp / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return _app(tmp, "rollout=engine")
+
+
 def _no_checkpoints(tmp: Path) -> str:
     (tmp / "empty").mkdir()
     return _app(tmp, f"resume={tmp}/empty")
@@ -233,6 +239,7 @@ CASES: dict[str, Callable[[Path], str]] = {
     "dataset-empty": _empty_data,
     "all-rows-filtered": _all_rows_bad,
     "non-utf8-bytes": _non_utf8,
+    "unknown-rm-type": _unknown_rm_type,
     # plugins
     "plugin-does-not-import": lambda t: _app(t, "rollout.path=tests.no_such_module.generate"),
     "plugin-no-such-function": lambda t: _app(t, f"rollout.path={ME}.no_such_function"),

@@ -65,6 +65,7 @@ def option_overrides(group: str, option: str, d: Path) -> list[str]:
         ("filter", "oldest_first"): ["data_source=buffered"],
         ("advantage", "rloo"): ["n_samples_per_prompt=2"],
         ("reward", "custom"): ["reward.custom_rm_path=examples.reward.brevity_math", "allowed_targets_extra=[examples.]"],
+        ("reward", "dapo"): ["reward_key=score"],
     }
     if group == "engine" and option != "scripted":
         # model engines are built lazily; only their tokenizer (for the chat template) would load

@@ -4,30 +4,37 @@ Resolution order: `sample.custom_rm_path`, `args.custom_rm_path` (= `reward.cust
 `sample.metadata["rm_type"]`, `args.rm_type` (= `reward.rm_type`). Custom functions are
 `async fn(args, sample)`, or `async fn(args, samples)` in group mode (`group_rm`, slime's name):
 then each function gets the list of the samples that resolved to it, in order. Sync functions
-work too. Built-in rm types: `math` (math-verify on the last boxed answer or last number),
-`remote` / `remote_rm` (HTTP). A `boxed_` prefix grades only the content of the last
-`\\boxed{...}` (math: no box scores 0; other types receive the boxed content as the response).
-Grading runs in a thread pool with a timeout so the event loop never blocks on sympy.
+work too. Built-in rm types (slime's names, `rm_types.RM_TYPES`): `math`, `deepscaler`, `dapo`,
+`f1`, `gpqa`, `ifbench`, `random`, `remote` / `remote_rm`. A `boxed_` prefix grades only the
+content of the last `\\boxed{...}` (math: no box scores 0; other types receive the boxed content,
+or "" without a box, as the response). The sympy-based and IFBench graders run in a thread pool
+with a timeout so the event loop never blocks.
 The dispatcher sets nothing: the caller assigns `sample.reward`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import hashlib
 import inspect
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
+from pipeline.rewards.ifbench import grade_ifbench
 from pipeline.rewards.math import grade, last_boxed
+from pipeline.rewards.math_rules import grade_dapo, grade_deepscaler
 from pipeline.rewards.remote import RemoteReward
+from pipeline.rewards.rm_types import RM_TYPES, rm_type_problem, split_rm_type
+from pipeline.rewards.text_rules import f1_reward, grade_gpqa
 
 __all__ = ["RewardDispatcher", "BUILTIN_RM_TYPES"]
 
 logger = logging.getLogger(__name__)
 
-BUILTIN_RM_TYPES = ("math", "remote", "remote_rm")
+BUILTIN_RM_TYPES = tuple(RM_TYPES)
 
 
 class RewardDispatcher:
@@ -134,40 +141,53 @@ class RewardDispatcher:
     # -- built-in types -----------------------------------------------------------------------
 
     async def _one_builtin(self, args: Any, sample: Any, out: list[Any], i: int) -> None:
-        metadata = getattr(sample, "metadata", None) or {}
+        metadata = getattr(sample, "metadata", None)
+        metadata = metadata if isinstance(metadata, dict) else {}
         rm_type, source = metadata.get("rm_type"), 'sample.metadata["rm_type"]'
         if not rm_type:
             rm_type, source = _arg(args, "rm_type", None) or self.rm_type, "rm_type"
         if not rm_type:
             raise ValueError(f"sample {sample.index}: no reward configured (set reward.rm_type, "
                              f"reward.custom_rm_path or the sample's metadata rm_type)")
-        boxed = rm_type.startswith("boxed_")
-        base = rm_type[len("boxed_"):] if boxed else rm_type
-        if base == "math":
-            out[i] = await self._grade(sample, boxed)
-        elif base in ("remote", "remote_rm"):
-            if boxed:
-                sample = _with_response(sample, last_boxed(sample.response or "") or "")
-            out[i] = await self._remote_client(args)(sample)
-        else:
-            raise ValueError(
-                f"sample {sample.index}: unknown rm_type {rm_type!r} (from {source}); known: "
-                f"{', '.join(BUILTIN_RM_TYPES)}, each optionally prefixed with 'boxed_', or set "
-                f"custom_rm_path to a reward function 'pkg.mod.fn'")
+        problem = rm_type_problem(rm_type, source)
+        if problem is not None:
+            raise ValueError(f"sample {sample.index}: {problem}; or set custom_rm_path to a reward "
+                             f"function 'pkg.mod.fn'")
+        boxed, base = split_rm_type(rm_type)
+        response = sample.response or ""
+        if boxed and base != "math":
+            response = last_boxed(response) or ""
+        if base in ("remote", "remote_rm"):
+            out[i] = await self._remote_client(args)(_with_response(sample, response) if boxed else sample)
+        elif base == "random":
+            out[i] = _seeded_coin(_arg(args, "seed", 0), sample.index, response)
+        elif base == "f1":
+            out[i] = f1_reward(response, sample.label)
+        elif base == "gpqa":
+            out[i] = grade_gpqa(response, sample.label, metadata)
+        elif base == "dapo":
+            out[i] = grade_dapo(response, sample.label)
+        else:  # math, deepscaler, ifbench: may be slow, so they run in the pool with a timeout
+            out[i] = await self._in_pool(sample, base, response, boxed, metadata)
 
-    async def _grade(self, sample: Any, boxed: bool) -> float:
-        if sample.label is None:
-            raise ValueError(f"sample {sample.index}: the math reward needs a label (set "
+    async def _in_pool(self, sample: Any, base: str, response: str, boxed: bool, metadata: dict[str, Any]) -> Any:
+        if base in ("math", "deepscaler") and sample.label is None:
+            raise ValueError(f"sample {sample.index}: the {base} reward needs a label (set "
                              f"data_source.label_key)")
+        if base == "math":
+            call = functools.partial(grade, response, sample.label, boxed)
+        elif base == "deepscaler":
+            call = functools.partial(grade_deepscaler, response, sample.label)
+        else:
+            call = functools.partial(grade_ifbench, response, sample.label, metadata)
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.grade_workers, thread_name_prefix="math-grade")
-        loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(self._pool, grade, sample.response or "", sample.label, boxed)
+            self._pool = ThreadPoolExecutor(self.grade_workers, thread_name_prefix="reward-grade")
+        future = asyncio.get_running_loop().run_in_executor(self._pool, call)
         try:
             return await asyncio.wait_for(future, self.grade_timeout_s)
         except asyncio.TimeoutError:
             self.timeouts += 1
-            logger.warning("math grading of sample %s took over %.1fs; reward %s", sample.index,
+            logger.warning("%s grading of sample %s took over %.1fs; reward %s", base, sample.index,
                            self.grade_timeout_s, self.timeout_reward)
             return self.timeout_reward
 
@@ -203,3 +223,9 @@ def _with_response(sample: Any, response: str) -> Any:
         clone = copy.copy(sample)
         clone.response = response
         return clone
+
+
+def _seeded_coin(seed: Any, index: Any, response: str) -> int:
+    """slime's `random` reward (0 or 1), reproducible: drawn from (seed, sample index, response)."""
+    digest = hashlib.sha256(f"{seed}|{index}|{response}".encode()).digest()
+    return digest[0] & 1

@@ -2,10 +2,18 @@
 
 Estimators and what they do (when `rewards_normalization` is on):
 - grpo, gspo, cispo: subtract the group mean; with `grpo_std_normalization` divide by
-  (unbiased std + 1e-6). One sample per prompt turns std normalisation off.
+  (unbiased std + 1e-6).
 - reinforce_plus_plus_baseline, dr_grpo: subtract the group mean only.
 - rloo: leave-one-out baseline, r_i - mean(r_j, j != i) = n / (n - 1) * (r_i - mean).
 - reinforce_plus_plus, none (and anything with normalisation off): raw rewards pass through.
+
+Exactness: a group whose (float32) rewards are all equal gets exactly 0.0 for every estimator
+that subtracts a mean, whatever the values (slime's float32 mean of [3.1, 3.1, 3.1] is one ulp
+off, which std normalisation would blow up to 0.2384). One rule for small groups: std
+normalisation applies to every group of two or more samples, and a group of one sample gets 0
+(its own mean). So n_samples_per_prompt = 1 gives all-zero advantages when each prompt is a
+group, and slime's values when uneven fan-out makes all samples one group
+([[1.0], [0.0]] -> [0.7071, -0.7071]).
 
 Grouping (`group_mode`): "slime" views the rewards as consecutive groups of n when there are
 exactly n x rollout_batch_size of them, else as one group; "group_index" groups samples by
@@ -22,13 +30,16 @@ import torch
 
 from pipeline.stages.context import RolloutContext, StageParts
 
-__all__ = ["ESTIMATORS", "GROUP_MODES", "post_process_rewards", "raw_reward_values", "rewards_stage"]
+__all__ = ["ESTIMATORS", "GROUP_MODES", "MEAN_SUBTRACTING", "post_process_rewards", "raw_reward_values",
+           "rewards_stage"]
 
 _MEAN_STD = {"grpo", "gspo", "cispo"}
 _MEAN_ONLY = {"reinforce_plus_plus_baseline", "dr_grpo"}
 _LOO = {"rloo"}
 _PASS = {"reinforce_plus_plus", "none"}
 ESTIMATORS = frozenset(_MEAN_STD | _MEAN_ONLY | _LOO | _PASS)
+# estimators whose advantage subtracts a group mean (all zero for groups of one sample)
+MEAN_SUBTRACTING = frozenset(_MEAN_STD | _MEAN_ONLY | _LOO)
 GROUP_MODES = frozenset({"slime", "group_index"})
 
 
@@ -52,18 +63,15 @@ def raw_reward_values(args: Any, samples: list[Any]) -> list[float]:
 
 
 def _normalise(block: torch.Tensor, estimator: str, use_std: bool) -> torch.Tensor:
-    """Normalise each row of `block` (shape [groups, n])."""
-    n = block.shape[-1]
-    mean = block.mean(dim=-1, keepdim=True)
-    if estimator in _LOO:
-        if n < 2:
-            return block - mean
-        return (block - mean) * (n / (n - 1))
-    out = block - mean
-    if estimator in _MEAN_STD and use_std and n > 1:
-        std = out.std(dim=-1, keepdim=True)
-        out = out / (std + 1e-6)
-    return out
+    """Normalise each row of `block` (shape [groups, group size]); all-equal rows give exactly 0."""
+    size = block.shape[-1]
+    out = block - block.mean(dim=-1, keepdim=True)
+    if estimator in _LOO and size > 1:
+        out = out * (size / (size - 1))
+    elif estimator in _MEAN_STD and use_std and size > 1:
+        out = out / (out.std(dim=-1, keepdim=True) + 1e-6)
+    all_equal = (block == block[..., :1]).all(dim=-1, keepdim=True)
+    return out.masked_fill(all_equal, 0.0)
 
 
 def post_process_rewards(args: Any, samples: list[Any]) -> tuple[list[Any], list[Any]]:
@@ -75,7 +83,7 @@ def post_process_rewards(args: Any, samples: list[Any]) -> tuple[list[Any], list
     if estimator in _PASS or not args.rewards_normalization:
         return raw, raw
     n = int(args.n_samples_per_prompt)
-    use_std = bool(args.grpo_std_normalization) and n > 1
+    use_std = bool(args.grpo_std_normalization)
     rewards = torch.tensor(raw, dtype=torch.float)
     mode = args.group_mode
     if mode == "slime":

@@ -1,14 +1,22 @@
 """Stage: convert samples to slime-keyed train data, plus padded tensors for a trainer (SPEC §7).
 
-Keys: tokens, response_lengths, rewards, raw_reward, truncated (1 iff TRUNCATED),
-sample_indices, rollout_ids (None filled by a counter skipping ids in use), loss_masks
-(None -> all ones; remove_sample -> zeros), rollout_mask_sums (per sample: the sum of the
-loss-mask totals of every sample sharing its rollout_id), rollout_log_probs when present,
-train_metadata when any sample carries it. A custom hook `fn(args, samples) -> dict` replaces it.
+Keys (slime's names, so slime's trainer-side code reads them unchanged): tokens,
+response_lengths, rewards, raw_reward (per sample `metadata["raw_reward"]` when any sample has
+one, else the raw reward), truncated (1 iff TRUNCATED), sample_indices, rollout_ids (None
+filled by a counter skipping ids in use), loss_masks (None -> all ones; remove_sample -> zeros),
+rollout_mask_sums (per sample: the sum of the loss-mask totals of every sample sharing its
+rollout_id), source_names (`sample.source`, else `metadata["source_name"]`, else "unknown"),
+and when samples carry them: round_number (`metadata["round_number"]`, None where missing),
+metadata (each sample's `train_metadata`), multimodal_train_inputs.
+Per-token lists (rollout_log_probs, teacher_log_probs) and rollout_routed_experts are written
+when every sample has them; when only some do, the key is left out with a warning (slime looks
+at the first sample only, so its result depends on the order).
+A custom hook `fn(args, samples) -> dict` replaces this stage.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from typing import Any
 
@@ -17,7 +25,9 @@ import torch
 from pipeline.sample import Sample
 from pipeline.stages.context import RolloutContext, StageParts
 
-__all__ = ["convert_to_train_data", "fill_rollout_ids", "to_tensors", "train_data_stage"]
+__all__ = ["convert_to_train_data", "fill_rollout_ids", "source_name", "to_tensors", "train_data_stage"]
+
+logger = logging.getLogger(__name__)
 
 
 def fill_rollout_ids(ids: list[int | None]) -> list[int]:
@@ -66,15 +76,40 @@ def convert_to_train_data(args: Any, samples: list[Any], raw_rewards: list[Any],
         "loss_masks": loss_masks,
         "rollout_mask_sums": [totals[rid] for rid in rollout_ids],
     }
-    with_lp = [s.rollout_log_probs is not None for s in samples]
-    if any(with_lp):
-        if not all(with_lp):
-            missing = [s.index for s, ok in zip(samples, with_lp) if not ok]
-            raise ValueError(f"rollout_log_probs present on some samples but missing on samples {missing}")
-        data["rollout_log_probs"] = [list(map(float, s.rollout_log_probs)) for s in samples]
-    if any(getattr(s, "train_metadata", None) for s in samples):
-        data["train_metadata"] = [getattr(s, "train_metadata", None) for s in samples]
+    metadata = [s.metadata if isinstance(s.metadata, dict) else {} for s in samples]
+    if any("raw_reward" in m for m in metadata):
+        data["raw_reward"] = [m.get("raw_reward", raw) for m, raw in zip(metadata, raw_rewards)]
+    if any("round_number" in m for m in metadata):
+        data["round_number"] = [m.get("round_number") for m in metadata]
+    for key, as_floats in (("rollout_log_probs", True), ("teacher_log_probs", True), ("rollout_routed_experts", False)):
+        rows = _when_all_have(samples, key)
+        if rows is not None:
+            data[key] = [list(map(float, r)) for r in rows] if as_floats else [list(r) for r in rows]
+    for key, attr in (("metadata", "train_metadata"), ("multimodal_train_inputs", "multimodal_train_inputs")):
+        values = [getattr(s, attr, None) for s in samples]
+        if any(v is not None for v in values):
+            data[key] = values
+    data["source_names"] = [source_name(s, m) for s, m in zip(samples, metadata)]
     return data
+
+
+def source_name(sample: Any, metadata: dict[str, Any]) -> str:
+    """slime's `get_source`: `sample.source`, else `metadata["source_name"]`, else "unknown"."""
+    return getattr(sample, "source", None) or metadata.get("source_name") or "unknown"
+
+
+def _when_all_have(samples: list[Any], attr: str) -> list[Any] | None:
+    """`[s.attr for s in samples]` when every sample has it (not None); None when none has it
+    or, with a warning, when only some do."""
+    values = [getattr(s, attr, None) for s in samples]
+    missing = [s.index for s, v in zip(samples, values) if v is None]
+    if samples and not missing:
+        return values
+    if len(missing) < len(samples):
+        logger.warning("%s present on %d of %d samples (missing on samples %s); the train data leaves "
+                       "%s out for this rollout", attr, len(samples) - len(missing), len(samples),
+                       missing[:10], attr)
+    return None
 
 
 def _pad(rows: list[list[Any]], value: Any, dtype: torch.dtype) -> torch.Tensor:
