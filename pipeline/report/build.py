@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from pipeline.atomic import atomic_write_bytes
-from pipeline.report.load import find_runs
-from pipeline.report.plots import plot_runs
+from pipeline.report.curves import OFFSET, run_curves, sweep_curves
+from pipeline.report.load import RunData, find_runs
+from pipeline.report.panels import Panel, select_panels
+from pipeline.report.plots import plot_curves
 from pipeline.report.tables import group_runs, run_table, seed_keys, swept_keys, sweep_tables
 
 __all__ = ["write_report"]
@@ -21,46 +24,71 @@ def _write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def _short(key: str) -> str:
+    return key.rsplit(".", 1)[-1]
+
+
+def _run_report(run: RunData, panels: list[tuple[Panel, list[str]]], out: Path,
+                title: str) -> tuple[list[str], dict[str, Any], Path]:
+    curves = run_curves(run, panels)
+    plot = plot_curves(panels, curves, out / "run.png", title=f"{title}: metrics over rollout_id")
+    lines = [f"# Report: {title}", "", f"{len(run.rows)} rollouts from `{run.path / 'metrics.jsonl'}`.", "",
+             f"![metrics over rollout_id]({plot.name})", ""] + run_table(run, panels)
+    return lines, {"rows": run.rows}, plot
+
+
+def _sweep_report(runs: list[RunData], panels: list[tuple[Panel, list[str]]], out: Path, title: str,
+                  over: list[str] | None) -> tuple[list[str], dict[str, Any], Path]:
+    swept = swept_keys(runs)
+    over = seed_keys(swept) if over is None else over
+    by = [k for k in swept if k not in over]
+    groups = []
+    for values, members in group_runs(runs, by):
+        name = " ".join(f"{_short(k)}={v}" for k, v in values.items()) or "all jobs"
+        if not by:
+            name = " ".join(f"{_short(k)}={members[0].overrides.get(k, '')}" for k in swept) or f"job {members[0].name}"
+        jobs = ", ".join(m.name for m in members)
+        groups.append((f"{name} ({len(members)} job{'s' if len(members) > 1 else ''}: {jobs})", members))
+    if by and any(len(m) > 1 for _, m in groups):
+        how = (f"colour + marker: {', '.join(map(_short, by))}; thick line: mean over {', '.join(map(_short, over))}, "
+               f"band: ± std, thin lines: single jobs")
+    else:
+        how = "one curve per job"
+    curves = sweep_curves(groups, panels)
+    plot = plot_curves(panels, curves, out / "sweep.png", groups=[g for g, _ in groups],
+                       title=f"{title}: {len(runs)} jobs\n{how}; curves offset by ±{OFFSET:g} rollout_id "
+                             "so equal ones stay visible")
+    table, data = sweep_tables(runs, panels, over)
+    lines = [f"# Report: {title}", "", f"{len(runs)} jobs; swept: {', '.join(swept) or 'nothing'}.", "",
+             f"![metrics over rollout_id: mean ± std over {', '.join(over) or 'jobs'}]({plot.name})", ""] + table
+    data["bands"] = [{"group": c.label, "key": c.key, "panel": panels[c.panel][0].title, "jobs": c.members,
+                      **asdict(c.band)} for c in curves if c.band is not None]
+    return lines, data, plot
+
+
 def write_report(path: str | Path, out_dir: str | Path | None = None, over: list[str] | None = None,
-                 title: str | None = None) -> dict[str, Any]:
+                 title: str | None = None, metrics: list[str] | None = None) -> dict[str, Any]:
     """Write the report of the run or sweep at `path` into `out_dir` (default `<path>/report`).
 
-    Returns {"kind", "markdown", "plots", "json"} with the written paths. Raises
-    `NoMetricsError` when `path` holds no metrics.jsonl.
+    `metrics`: globs of extra numeric keys to plot and tabulate (default
+    `panels.DEFAULT_METRICS`). Returns {"kind", "markdown", "plots", "json"} with the written
+    paths. Raises `NoMetricsError` when `path` holds no metrics.jsonl, `UnknownMetricError`
+    when a pattern matches no numeric key.
     """
     path = Path(path)
     kind, runs = find_runs(path)
+    panels = select_panels(runs, metrics)
     out = Path(out_dir) if out_dir is not None else path / "report"
     title = title or f"{kind} {path.resolve().name}"
     if kind == "run":
-        run = runs[0]
-        plot = plot_runs(runs, out / "run.png", title=f"{title}: metrics over rollout_id")
-        lines = [f"# Report: {title}", "", f"{len(run.rows)} rollouts from `{run.path / 'metrics.jsonl'}`.", "",
-                 f"![metrics over rollout_id]({plot.name})", ""] + run_table(run)
-        data: dict[str, Any] = {"kind": kind, "rows": run.rows}
-        plots = [plot]
+        lines, data, plot = _run_report(runs[0], panels, out, title)
     else:
-        swept = swept_keys(runs)
-        over = seed_keys(swept) if over is None else over
-        by = [k for k in swept if k not in over]
-        colour_of, style_of = {}, {}
-        for gi, (_, members) in enumerate(group_runs(runs, by)):
-            for si, m in enumerate(members):
-                colour_of[m.name], style_of[m.name] = gi, si
-        # legend label: job number + the swept values
-        labels = {r.name: " ".join([f"job {r.name}:"] + [f"{k.rsplit('.', 1)[-1]}={r.overrides.get(k, '')}"
-                                                         for k in swept]) for r in runs}
-        plot = plot_runs(runs, out / "sweep.png", title=f"{title}: {len(runs)} jobs, one curve each\n"
-                         f"colour: {', '.join(by) or 'job'}; line style: {', '.join(over) or 'job'}",
-                         colour_of=colour_of, style_of=style_of, labels=labels)
-        table, data = sweep_tables(runs, over)
-        lines = [f"# Report: {title}", "", f"{len(runs)} jobs; swept: {', '.join(swept) or 'nothing'}.", "",
-                 f"![metrics over rollout_id, one curve per job]({plot.name})", ""] + table
-        data["kind"] = kind
-        plots = [plot]
+        lines, data, plot = _sweep_report(runs, panels, out, title, over)
+    data["kind"] = kind
+    data["panels"] = [{"title": p.title, "keys": keys} for p, keys in panels]
     md = out / "report.md"
     _write_text(md, "\n".join(lines) + "\n")
     js = out / "report.json"
     _write_text(js, json.dumps(data, indent=1, default=str))
-    logger.debug("report: %s (%d plot(s))", md, len(plots))
-    return {"kind": kind, "markdown": md, "plots": plots, "json": js}
+    logger.debug("report: %s", md)
+    return {"kind": kind, "markdown": md, "plots": [plot], "json": js}
