@@ -58,14 +58,20 @@ def test_eval_keys_give_an_eval_panel_per_set_and_table_columns(tmp_path):
     write_run(run, [0.25, 0.5, 0.75], extra={"rollout/truncated_ratio": 0.25})
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     # eval after rollout 1 only (eval_interval=2), two eval sets, k up to 4
-    rows[1].update({"eval/gsm": 0.4, "eval/gsm-pass@1": 0.4, "eval/gsm-pass@2": 0.6, "eval/gsm-pass@4": 0.7,
+    # gsm: partial rewards (mean reward differs from pass@1); aime: 0/1 rewards (they agree)
+    rows[1].update({"eval/gsm": 0.35, "eval/gsm-pass@1": 0.4, "eval/gsm-pass@2": 0.6, "eval/gsm-pass@4": 0.7,
                     "eval/gsm-truncated_ratio": 0.1, "eval/aime-2024": 0.05, "eval/aime-2024-pass@1": 0.05})
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     result = write_report(run)
     panels = {p["title"]: p["keys"] for p in json.loads(result["json"].read_text())["panels"]}
     assert panels["Eval: gsm"] == ["eval/gsm-pass@1", "eval/gsm-pass@2", "eval/gsm-pass@4", "eval/gsm"]
-    assert panels["Eval: aime-2024"] == ["eval/aime-2024-pass@1", "eval/aime-2024"]
+    assert panels["Eval: aime-2024"] == ["eval/aime-2024-pass@1"], "mean reward = pass@1 is drawn once"
     assert panels["Truncated ratio"] == ["rollout/truncated_ratio", "eval/gsm-truncated_ratio"]
+    [data] = find_runs(run)[1]
+    selected = select_panels([data])
+    labels = {c.key: c.label for c in run_curves(data, selected)}
+    assert labels["eval/aime-2024-pass@1"] == "pass@1 (= mean reward)" and labels["eval/gsm"] == "mean reward"
+    assert labels["eval/gsm-truncated_ratio"] == "eval gsm" and labels["rollout/truncated_ratio"] == "train"
     md = result["markdown"].read_text()
     header = next(line for line in md.splitlines() if line.startswith("| rollout_id"))
     assert header.endswith("| truncated | response len | groups dropped | buffer | time (s) | eval aime-2024 pass@1 "
@@ -202,7 +208,7 @@ def test_identical_curves_get_distinct_styles_and_offsets(tmp_path):
     assert len({c.xs[0] for c in reward}) == 3 and all(abs(c.xs[0]) < 0.2 for c in reward), "slight offsets"
     # one run: eval pass@1 equals the mean reward for 0/1 rewards
     run = tmp_path / "run"
-    write_run(run, [0.5, 0.5], extra={"eval/math": 0.3, "eval/math-pass@1": 0.3})
+    write_run(run, [0.5, 0.5], extra={"eval/math-pass@2": 0.3, "eval/math-pass@1": 0.3})
     [data] = find_runs(run)[1]
     evals = [c for c in run_curves(data, select_panels([data])) if c.key.startswith("eval/math")]
     assert len(evals) == 2 and evals[0].ys == evals[1].ys
@@ -227,16 +233,63 @@ def test_bad_metrics_line_names_file_and_line(tmp_path):
         write_report(tmp_path / "r")
 
 
-@pytest.mark.timeout(120)
-def test_cli_on_a_real_run(tmp_path):
-    run = tmp_path / "smoke"
-    subprocess.run([sys.executable, "run.py", "experiment=smoke", f"hydra.run.dir={run}"], cwd=ROOT, check=True,
-                   capture_output=True, timeout=100)
-    proc = subprocess.run([sys.executable, "-m", "pipeline.report", str(run)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    md = (run / "report" / "report.md").read_text()
+def _columns_match_metrics(run: Path, md: str, n_samples_per_prompt: int) -> list[dict]:
+    """Each table row agrees with metrics.jsonl: reward, pass rate, truncated, zero-std, eval pass@1."""
+    header = next(line for line in md.splitlines() if line.startswith("| rollout_id"))
+    cols = [c.strip() for c in header.strip("|").split("|")]
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     for m in metrics:
         [row] = table_rows(md, f"{m['step']} ")
-        assert row[1] == f"{m['rollout/raw_reward']:.3g}" and row[2] == f"{m['rollout/pass_rate']:.3g}"
+        cell = dict(zip(cols, row))
+        groups = m["rollout/num_samples"] / n_samples_per_prompt
+        zero_std = sum(v for k, v in m.items() if k.startswith("rollout/zero_std/count_")) / groups
+        assert cell["reward"] == f"{m['rollout/raw_reward']:.3g}" and cell["pass rate"] == f"{m['rollout/pass_rate']:.3g}"
+        assert cell["truncated"] == f"{m['rollout/truncated_ratio']:.3g}" and cell["zero-std"] == f"{zero_std:.3g}"
+        evals = [c for c in cols if c.startswith("eval ")]
+        assert evals == ["eval math pass@1"] or evals == ["eval tiny pass@1"], cols
+        assert cell[evals[0]] == (f"{m[f'eval/{evals[0].split()[1]}-pass@1']:.3g}" if m["step"] % 2 else "–")
+    return metrics
+
+
+@pytest.mark.timeout(180)
+def test_cli_on_a_real_run(tmp_path):
+    run = tmp_path / "smoke"
+    subprocess.run([sys.executable, "run.py", "experiment=smoke", "num_rollout=4", "eval=engine", "eval_interval=2",
+                    "n_samples_per_eval_prompt=2", f"hydra.run.dir={run}"], cwd=ROOT, check=True, capture_output=True,
+                   timeout=150)
+    proc = subprocess.run([sys.executable, "-m", "pipeline.report", str(run)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    _columns_match_metrics(run, (run / "report" / "report.md").read_text(), n_samples_per_prompt=2)
+    panels = [p["title"] for p in json.loads((run / "report" / "report.json").read_text())["panels"]]
+    assert {"Eval: math", "Truncated ratio", "Zero-std groups", "perf/tokens_per_sec"} <= set(panels)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_report_of_a_real_model_sweep(tmp_path):
+    """The bundled model, a 2-job sweep over seeds with eval on 2 prompts; a short length limit
+    so some samples are truncated: the report's bands and columns agree with metrics.jsonl."""
+    eval_file = tmp_path / "tiny.jsonl"
+    eval_file.write_text("".join((ROOT / "data" / "math_eval.jsonl").read_text().splitlines(keepends=True)[:2]))
+    sweep = tmp_path / "sweep"
+    subprocess.run([sys.executable, "run.py", "-m", "data_source.seed=1,2", "num_rollout=2", "rollout_batch_size=2",
+                    "n_samples_per_prompt=2", "rollout_max_response_len=12", "eval=engine", "eval_interval=2",
+                    "n_samples_per_eval_prompt=2", f"eval.datasets=[{{name: tiny, path: {eval_file}}}]",
+                    "logger=jsonl", f"hydra.sweep.dir={sweep}"], cwd=ROOT, check=True, capture_output=True,
+                   timeout=540)
+    proc = subprocess.run([sys.executable, "-m", "pipeline.report", str(sweep)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    truncated = []
+    for job in ("0", "1"):
+        write_report(sweep / job)
+        metrics = _columns_match_metrics(sweep / job, (sweep / job / "report" / "report.md").read_text(), 2)
+        truncated += [m["rollout/truncated_ratio"] for m in metrics]
+    assert max(truncated) > 0, "12 tokens truncate some answers of the real model"
+    data = json.loads((sweep / "report" / "report.json").read_text())
+    [band] = [b for b in data["bands"] if b["key"] == "rollout/raw_reward"]
+    per_job = [[json.loads(line)["rollout/raw_reward"] for line in (sweep / j / "metrics.jsonl").read_text().splitlines()]
+               for j in ("0", "1")]
+    assert band["mean"] == pytest.approx([statistics.fmean(v) for v in zip(*per_job)])
+    assert band["std"] == pytest.approx([statistics.stdev(v) for v in zip(*per_job)])

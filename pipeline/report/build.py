@@ -45,13 +45,11 @@ def _sweep_report(runs: list[RunData], panels: list[tuple[Panel, list[str]]], ou
     groups = []
     for values, members in group_runs(runs, by):
         name = " ".join(f"{_short(k)}={v}" for k, v in values.items()) or "all jobs"
-        if not by:
-            name = " ".join(f"{_short(k)}={members[0].overrides.get(k, '')}" for k in swept) or f"job {members[0].name}"
         jobs = ", ".join(m.name for m in members)
         groups.append((f"{name} ({len(members)} job{'s' if len(members) > 1 else ''}: {jobs})", members))
-    if by and any(len(m) > 1 for _, m in groups):
-        how = (f"colour + marker: {', '.join(map(_short, by))}; thick line: mean over {', '.join(map(_short, over))}, "
-               f"band: ± std, thin lines: single jobs")
+    if any(len(m) > 1 for _, m in groups):
+        how = (f"colour + marker: {', '.join(map(_short, by)) or 'all jobs'}; thick line: mean over "
+               f"{', '.join(map(_short, over)) or 'jobs'}, band: ± std, thin lines: single jobs")
     else:
         how = "one curve per job"
     curves = sweep_curves(groups, panels)

@@ -43,10 +43,14 @@ class Panel:
     key_labels: tuple[tuple[str, str], ...] = ()
     # a key glob whose matches (not already in keys) are drawn too, sorted; "" for none
     match: str = ""
+    # how the table column is computed, printed under the tables; "" for none
+    note: str = ""
 
     def label(self, key: str) -> str:
-        """The legend name of `key` in this panel."""
-        return dict(self.key_labels).get(key, key)
+        """The legend name of `key` in this panel (an eval key: `eval <set>`)."""
+        if key in dict(self.key_labels):
+            return dict(self.key_labels)[key]
+        return f"eval {eval_sets([key])[0]}" if key.startswith("eval/") and eval_sets([key]) else key
 
 
 PANELS: tuple[Panel, ...] = (
@@ -54,10 +58,15 @@ PANELS: tuple[Panel, ...] = (
     Panel("Pass rate (train)", "fraction of samples with reward > 0", ("rollout/pass_rate", "report/pass_rate"),
           "pass rate"),
     Panel("Truncated ratio", "fraction of samples cut at max length", ("rollout/truncated_ratio",), "truncated",
-          key_labels=(("rollout/truncated_ratio", "train"),), match="eval/*-truncated_ratio"),
-    Panel("Zero-std groups", "fraction of groups, all rewards equal", (ZERO_STD_FRACTION, ZERO_STD_FRACTION_GENERATED),
-          "zero-std", key_labels=((ZERO_STD_FRACTION, "in the train batch"),
-                                  (ZERO_STD_FRACTION_GENERATED, "before the dynamic filter"))),
+          key_labels=(("rollout/truncated_ratio", "train"),), match="eval/*-truncated_ratio",
+          note="truncated: fraction of train samples that hit the response-length limit (rollout/truncated_ratio)"),
+    # the table column shows the fraction before the dynamic filter where one dropped zero-std groups
+    Panel("Zero-std groups", "fraction of groups, all rewards equal", (ZERO_STD_FRACTION_GENERATED, ZERO_STD_FRACTION),
+          "zero-std", key_labels=((ZERO_STD_FRACTION_GENERATED, "before the dynamic filter"),
+                                  (ZERO_STD_FRACTION, "in the train batch")),
+          note="zero-std: groups whose rewards all agree / groups, from rollout/zero_std/count_* and "
+               "rollout/num_samples / n_samples_per_prompt; where the dynamic filter dropped such groups, counted "
+               "before the filter (its drops added to both), else in the train batch"),
     Panel("Response length", "mean response length (tokens)", ("rollout/response_len/mean",), "response len"),
     Panel("Dynamic-filter drops", "groups dropped per rollout", ("rollout/groups_dropped",), "groups dropped"),
     Panel("Buffer size", "groups in the buffer after the rollout", ("rollout/buffer_size",), "buffer"),
@@ -93,14 +102,27 @@ def _k(key: str) -> int:
     return int(key.rsplit("@", 1)[1])
 
 
-def _eval_panel(name: str, present: set[str]) -> Panel:
-    """eval/<name>-pass@k for each logged k (ascending), then the mean reward eval/<name>."""
+def _same_series(runs: list[RunData], a: str, b: str) -> bool:
+    return all(r.series(a) == r.series(b) for r in runs)
+
+
+def _eval_panel(name: str, runs: list[RunData], present: set[str]) -> Panel:
+    """eval/<name>-pass@k for each logged k (ascending), then the mean reward eval/<name> unless
+    it equals pass@1 everywhere (0/1 rewards), which the pass@1 label then says."""
     prefix = f"eval/{name}-pass@"
     passes = sorted((k for k in present if k.startswith(prefix) and k[len(prefix):].isdigit()), key=_k)
-    keys = tuple(passes) + ((f"eval/{name}",) if f"eval/{name}" in present else ())
-    labels = tuple((k, f"pass@{_k(k)}") for k in passes) + ((f"eval/{name}", "mean reward"),)
-    column = f"eval {name} " + dict(labels).get(keys[0], "") if keys else f"eval {name}"
-    return Panel(f"Eval: {name}", "pass@k / mean reward over eval prompts", keys, column.strip(), key_labels=labels)
+    labels = [(k, f"pass@{_k(k)}") for k in passes]
+    mean, pass1 = f"eval/{name}", f"eval/{name}-pass@1"
+    keys = list(passes)
+    if mean in present and pass1 in present and _same_series(runs, mean, pass1):
+        labels[0] = (pass1, "pass@1 (= mean reward)")
+    elif mean in present:
+        keys.append(mean)
+        labels.append((mean, "mean reward"))
+    column = f"eval {name} " + dict(labels).get(keys[0], "").split(" ")[0] if keys else f"eval {name}"
+    return Panel(f"Eval: {name}", "pass@k / mean reward over eval prompts", tuple(keys), column.strip(),
+                 key_labels=tuple(labels), note=f"{column.strip()}: {keys[0] if keys else ''}, only at eval steps "
+                 "(pass@k: unbiased estimate from n_samples_per_eval_prompt samples per prompt)")
 
 
 def select_panels(runs: list[RunData], metrics: list[str] | None = None) -> list[tuple[Panel, list[str]]]:
@@ -113,7 +135,7 @@ def select_panels(runs: list[RunData], metrics: list[str] | None = None) -> list
     present = _present(runs)
     out = [(p, panel_keys(p, runs)) for p in PANELS]
     for name in eval_sets(present):
-        panel = _eval_panel(name, present)
+        panel = _eval_panel(name, runs, present)
         out.append((panel, list(panel.keys)))
     out = [(p, keys) for p, keys in out if keys]
     shown = {k for _, keys in out for k in keys}

@@ -19,11 +19,22 @@ from pipeline.report.panels import Panel  # noqa: E402
 __all__ = ["plot_curves"]
 
 
-def _key_legend(ax: plt.Axes, panel: Panel, keys: list[str], curves: list[Curve]) -> None:
-    """Sweep panels with several keys: which line style is which key (in grey)."""
-    style = {c.key: c.style for c in curves}
-    proxies = [Line2D([], [], color="0.3", linestyle=style[k], linewidth=1.6) for k in keys if k in style]
-    ax.legend(proxies, [panel.label(k) for k in keys if k in style], fontsize=7, loc="best", framealpha=0.7)
+def _key_legend(ax: plt.Axes, panel: Panel, keys: list[str], curves: list[Curve], sweep: bool) -> None:
+    """A panel with several keys: which line is which key (a sweep: line styles in grey), in a
+    strip above the data (the y range grows to make room, so the legend hides no point)."""
+    drawn = [k for k in keys if any(c.key == k for c in curves)]
+    if sweep:
+        style = {c.key: c.style for c in curves}
+        handles = [Line2D([], [], color="0.3", linestyle=style[k], linewidth=1.6) for k in drawn]
+    else:
+        line_of = {line.get_label(): line for line in ax.get_lines()}
+        handles = [line_of[panel.label(k)] for k in drawn]
+    ncol = min(3, len(drawn))
+    rows = -(-len(drawn) // ncol)
+    lo, hi = ax.get_ylim()
+    ax.set_ylim(lo, hi + (hi - lo) * 0.13 * rows)
+    ax.legend(handles, [panel.label(k) for k in drawn], fontsize=7, loc="upper center", ncol=ncol, framealpha=0.8,
+              handlelength=2.5, columnspacing=1.0)
 
 
 def plot_curves(panels: list[tuple[Panel, list[str]]], curves: list[Curve], path: Path, title: str,
@@ -58,10 +69,7 @@ def plot_curves(panels: list[tuple[Panel, list[str]]], curves: list[Curve], path
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         if len(keys) > 1 and mine:
-            if groups is None:
-                ax.legend(fontsize=7, loc="best", framealpha=0.7)
-            else:
-                _key_legend(ax, panel, keys, mine)
+            _key_legend(ax, panel, keys, mine, sweep=groups is not None)
     for ax in list(axes.flat)[len(panels):]:
         ax.set_visible(False)
     fig.suptitle(title, fontsize=12)

@@ -8,7 +8,7 @@ from typing import Any
 from pipeline.report.load import RunData
 from pipeline.report.panels import Panel
 
-__all__ = ["group_runs", "run_table", "seed_keys", "swept_keys", "sweep_tables"]
+__all__ = ["group_runs", "notes", "run_table", "seed_keys", "swept_keys", "sweep_tables"]
 
 
 def _fmt(v: float | None, digits: int = 3) -> str:
@@ -25,6 +25,12 @@ def _columns(panels: list[tuple[Panel, list[str]]]) -> list[tuple[str, str]]:
     return [(panel.column, keys[0]) for panel, keys in panels if keys]
 
 
+def notes(panels: list[tuple[Panel, list[str]]]) -> list[str]:
+    """How the derived columns are computed (one bullet per panel with a note)."""
+    lines = [f"- {panel.note}" for panel, keys in panels if keys and panel.note]
+    return ["", "Columns:", ""] + lines if lines else []
+
+
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
 
@@ -33,7 +39,7 @@ def run_table(run: RunData, panels: list[tuple[Panel, list[str]]]) -> list[str]:
     """One row per rollout_id with the panel quantities ("–" where a step lacks one, e.g. eval)."""
     cols = _columns(panels)
     rows = [[str(step)] + [_fmt(run.series(key)[i]) for _, key in cols] for i, step in enumerate(run.steps())]
-    return _table(["rollout_id"] + [c for c, _ in cols], rows)
+    return _table(["rollout_id"] + [c for c, _ in cols], rows) + notes(panels)
 
 
 def swept_keys(runs: list[RunData]) -> list[str]:
@@ -91,7 +97,7 @@ def sweep_tables(runs: list[RunData], panels: list[tuple[Panel, list[str]]],
     lines += ["", "Per job:", ""]
     job_rows = [[run.name, " ".join(f"{k}={run.overrides.get(k, '')}" for k in swept), str(len(run.rows))]
                 + [_fmt(per_job[run.name][c]) for c, _ in cols] for run in runs]
-    lines += _table(["job", "swept overrides", "rollouts"] + [c for c, _ in cols], job_rows)
+    lines += _table(["job", "swept overrides", "rollouts"] + [c for c, _ in cols], job_rows) + notes(panels)
     data = {"swept": swept, "over": over, "group_by": by, "columns": dict(cols), "groups": data_groups,
             "jobs": per_job}
     return lines, data
