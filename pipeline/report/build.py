@@ -48,14 +48,16 @@ def _sweep_report(runs: list[RunData], panels: list[tuple[Panel, list[str]]], ou
         jobs = ", ".join(m.name for m in members)
         groups.append((f"{name} ({len(members)} job{'s' if len(members) > 1 else ''}: {jobs})", members))
     if any(len(m) > 1 for _, m in groups):
-        how = (f"colour + marker: {', '.join(map(_short, by)) or 'all jobs'}; thick line: mean over "
-               f"{', '.join(map(_short, over)) or 'jobs'}, band: ± std, thin lines: single jobs")
+        values = f"the {', '.join(map(_short, over)) or 'job'} values"
+        how = (f"colour + marker: {', '.join(map(_short, by)) or 'all jobs'}; thick line: mean over {values}; "
+               f"thin lines: single jobs\nband: ± std over {values} (not below 0 where no job is)")
     else:
         how = "one curve per job"
     curves = sweep_curves(groups, panels)
+    spread = OFFSET * (len(groups) - 1) / 2
+    shift = f"; curves shifted by up to ±{spread:.2g} rollout_id so equal ones stay visible" if spread else ""
     plot = plot_curves(panels, curves, out / "sweep.png", groups=[g for g, _ in groups],
-                       title=f"{title}: {len(runs)} jobs\n{how}; curves offset by ±{OFFSET:g} rollout_id "
-                             "so equal ones stay visible")
+                       title=f"{title}: {len(runs)} jobs\n{how}{shift}")
     table, data = sweep_tables(runs, panels, over)
     lines = [f"# Report: {title}", "", f"{len(runs)} jobs; swept: {', '.join(swept) or 'nothing'}.", "",
              f"![metrics over rollout_id: mean ± std over {', '.join(over) or 'jobs'}]({plot.name})", ""] + table

@@ -31,6 +31,8 @@ class Band:
     mean: list[float]
     std: list[float]
     n: list[int]
+    # the smallest value of any job at any step (a band is not drawn below 0 when this is >= 0)
+    lowest: float
 
 
 @dataclass
@@ -68,7 +70,8 @@ def band(runs: list[RunData], key: str) -> Band:
     steps = sorted(by_step)
     vals = [by_step[s] for s in steps]
     return Band(steps=steps, mean=[statistics.fmean(v) for v in vals],
-                std=[statistics.stdev(v) if len(v) > 1 else 0.0 for v in vals], n=[len(v) for v in vals])
+                std=[statistics.stdev(v) if len(v) > 1 else 0.0 for v in vals], n=[len(v) for v in vals],
+                lowest=min((min(v) for v in vals), default=0.0))
 
 
 def _points(run: RunData, key: str) -> list[tuple[int, float]]:

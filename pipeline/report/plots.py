@@ -55,7 +55,9 @@ def plot_curves(panels: list[tuple[Panel, list[str]]], curves: list[Curve], path
         for c in mine:
             colour = cmap(c.colour % 10)
             if c.band is not None:
-                lo = [m - s for m, s in zip(c.band.mean, c.band.std)]
+                # a quantity no job took below 0 (times, counts, fractions): the band stops at 0
+                floor = 0.0 if c.band.lowest >= 0 else float("-inf")
+                lo = [max(floor, m - s) for m, s in zip(c.band.mean, c.band.std)]
                 hi = [m + s for m, s in zip(c.band.mean, c.band.std)]
                 ax.fill_between(c.xs, lo, hi, color=colour, alpha=0.15, linewidth=0)
             if c.thin:
