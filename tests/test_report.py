@@ -60,13 +60,16 @@ def test_eval_keys_give_an_eval_panel_per_set_and_table_columns(tmp_path):
     # eval after rollout 1 only (eval_interval=2), two eval sets, k up to 4
     # gsm: partial rewards (mean reward differs from pass@1); aime: 0/1 rewards (they agree)
     rows[1].update({"eval/gsm": 0.35, "eval/gsm-pass@1": 0.4, "eval/gsm-pass@2": 0.6, "eval/gsm-pass@4": 0.7,
-                    "eval/gsm-truncated_ratio": 0.1, "eval/aime-2024": 0.05, "eval/aime-2024-pass@1": 0.05})
+                    "eval/gsm-truncated_ratio": 0.1, "eval/aime-2024": 0.05, "eval/aime-2024-pass@1": 0.05,
+                    "eval/judge_score": 7.5})
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     result = write_report(run)
     panels = {p["title"]: p["keys"] for p in json.loads(result["json"].read_text())["panels"]}
     assert panels["Eval: gsm"] == ["eval/gsm-pass@1", "eval/gsm-pass@2", "eval/gsm-pass@4", "eval/gsm"]
     assert panels["Eval: aime-2024"] == ["eval/aime-2024-pass@1"], "mean reward = pass@1 is drawn once"
     assert panels["Truncated ratio"] == ["rollout/truncated_ratio", "eval/gsm-truncated_ratio"]
+    assert panels["eval/judge_score"] == ["eval/judge_score"], "an eval function's own metric: a panel by default"
+    assert not [t for t in panels if "judge" in t and t != "eval/judge_score"]
     [data] = find_runs(run)[1]
     selected = select_panels([data])
     labels = {c.key: c.label for c in run_curves(data, selected)}
@@ -75,9 +78,9 @@ def test_eval_keys_give_an_eval_panel_per_set_and_table_columns(tmp_path):
     md = result["markdown"].read_text()
     header = next(line for line in md.splitlines() if line.startswith("| rollout_id"))
     assert header.endswith("| truncated | response len | groups dropped | buffer | time (s) | eval aime-2024 pass@1 "
-                           "| eval gsm pass@1 |")
-    assert table_rows(md, "1")[0][-2:] == ["0.05", "0.4"]
-    assert table_rows(md, "2")[0][-2:] == ["–", "–"], "no eval at rollout 2"
+                           "| eval gsm pass@1 | eval/judge_score |")
+    assert table_rows(md, "1")[0][-3:] == ["0.05", "0.4", "7.5"]
+    assert table_rows(md, "2")[0][-3:] == ["–", "–", "–"], "no eval at rollout 2"
     assert table_rows(md, "2")[0][3] == "0.25"
 
 
@@ -91,7 +94,7 @@ def test_custom_metrics_chosen_by_glob(tmp_path):
     assert "rollout/other" not in panels and "perf/tokens_per_sec" not in panels
     header = next(line for line in result["markdown"].read_text().splitlines() if line.startswith("| rollout_id"))
     assert header.endswith("| rollout/my_kl | rollout/my_loss |")
-    # default: throughput; a key already in a fixed panel is not repeated
+    # default: throughput (and eval/* keys outside eval sets); a key already in a panel is not repeated
     default = write_report(run, tmp_path / "default")
     panels = [p["title"] for p in json.loads(default["json"].read_text())["panels"]]
     assert panels[-1] == "perf/tokens_per_sec" and "rollout/my_kl" not in panels

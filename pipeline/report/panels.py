@@ -18,8 +18,9 @@ from pipeline.report.load import RunData
 __all__ = ["DEFAULT_METRICS", "PANELS", "Panel", "UnknownMetricError", "eval_sets", "numeric_keys",
            "panel_keys", "select_panels"]
 
-# custom metrics shown when no --metrics pattern is given
-DEFAULT_METRICS: tuple[str, ...] = ("perf/tokens_per_sec",)
+# custom metrics shown when no --metrics pattern is given: throughput, and an eval function's own
+# eval/... metrics that are not part of an eval set's panel
+DEFAULT_METRICS: tuple[str, ...] = ("perf/tokens_per_sec", "eval/*")
 
 _EVAL_SUFFIX = re.compile(r"-(truncated_ratio|pass@\d+)$")
 
@@ -93,8 +94,10 @@ def panel_keys(panel: Panel, runs: list[RunData]) -> list[str]:
 
 
 def eval_sets(keys: list[str] | set[str]) -> list[str]:
-    """Eval set names in `eval/<name>`, `eval/<name>-pass@k`, `eval/<name>-truncated_ratio` keys."""
-    names = {_EVAL_SUFFIX.sub("", k[len("eval/"):]) for k in keys if k.startswith("eval/")}
+    """Eval set names of `eval/<name>-pass@k` and `eval/<name>-truncated_ratio` keys (other
+    `eval/...` keys, e.g. an eval function's own metrics, are not sets)."""
+    names = {_EVAL_SUFFIX.sub("", k[len("eval/"):]) for k in keys
+             if k.startswith("eval/") and _EVAL_SUFFIX.search(k)}
     return sorted(n for n in names if n)
 
 
@@ -138,7 +141,8 @@ def select_panels(runs: list[RunData], metrics: list[str] | None = None) -> list
         panel = _eval_panel(name, runs, present)
         out.append((panel, list(panel.keys)))
     out = [(p, keys) for p, keys in out if keys]
-    shown = {k for _, keys in out for k in keys}
+    # an eval set's mean reward counts as shown when its pass@1 stands for it
+    shown = {k for _, keys in out for k in keys} | {f"eval/{name}" for name in eval_sets(present)}
     numeric = numeric_keys(runs)
     patterns = list(DEFAULT_METRICS) if metrics is None else metrics
     for pattern in patterns:
