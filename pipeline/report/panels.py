@@ -9,6 +9,7 @@ only when some run logged one of its keys.
 from __future__ import annotations
 
 import fnmatch
+import logging
 import re
 from dataclasses import dataclass
 
@@ -21,6 +22,11 @@ __all__ = ["DEFAULT_METRICS", "PANELS", "Panel", "UnknownMetricError", "eval_set
 # custom metrics shown when no --metrics pattern is given: throughput, and an eval function's own
 # eval/... metrics that are not part of an eval set's panel
 DEFAULT_METRICS: tuple[str, ...] = ("perf/tokens_per_sec", "eval/*")
+
+# most custom-metric panels in one report (more would make the plot unreadable)
+MAX_CUSTOM_PANELS = 24
+
+logger = logging.getLogger(__name__)
 
 _EVAL_SUFFIX = re.compile(r"-(truncated_ratio|pass@\d+)$")
 
@@ -145,6 +151,7 @@ def select_panels(runs: list[RunData], metrics: list[str] | None = None) -> list
     shown = {k for _, keys in out for k in keys} | {f"eval/{name}" for name in eval_sets(present)}
     numeric = numeric_keys(runs)
     patterns = list(DEFAULT_METRICS) if metrics is None else metrics
+    custom: list[str] = []
     for pattern in patterns:
         matched = [k for k in numeric if fnmatch.fnmatchcase(k, pattern)]
         if not matched and metrics is not None:
@@ -153,5 +160,9 @@ def select_panels(runs: list[RunData], metrics: list[str] | None = None) -> list
         for key in matched:
             if key not in shown:
                 shown.add(key)
-                out.append((Panel(key, key.rsplit("/", 1)[-1], (key,), key), [key]))
+                custom.append(key)
+    if len(custom) > MAX_CUSTOM_PANELS:
+        logger.warning("--metrics: %d keys match; plotting the first %d, leaving out %s (narrow the pattern)",
+                       len(custom), MAX_CUSTOM_PANELS, ", ".join(custom[MAX_CUSTOM_PANELS:]))
+    out += [(Panel(key, key.rsplit("/", 1)[-1], (key,), key), [key]) for key in custom[:MAX_CUSTOM_PANELS]]
     return out

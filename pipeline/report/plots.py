@@ -48,7 +48,9 @@ def plot_curves(panels: list[tuple[Panel, list[str]]], curves: list[Curve], path
         raise ValueError(f"{title}: no plotted metric is in metrics.jsonl")
     ncols = 3 if len(panels) > 4 else 2
     nrows = -(-len(panels) // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 3.5 * nrows + 1.1), squeeze=False)
+    # constrained layout keeps the title, the panel titles and the figure legend apart at any size
+    fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 3.5 * nrows + 1.1), squeeze=False,
+                             layout="constrained")
     cmap = plt.get_cmap("tab10")
     for pi, (ax, (panel, keys)) in enumerate(zip(axes.flat, panels)):
         mine = [c for c in curves if c.panel == pi]
@@ -75,15 +77,10 @@ def plot_curves(panels: list[tuple[Panel, list[str]]], curves: list[Curve], path
     for ax in list(axes.flat)[len(panels):]:
         ax.set_visible(False)
     fig.suptitle(title, fontsize=12)
-    bottom = 0.0
     if groups:
-        cmap_handles = [Line2D([], [], color=cmap(i % 10), marker=MARKERS[i % len(MARKERS)], linewidth=1.8)
-                        for i in range(len(groups))]
-        ncol = min(3, len(groups))
-        fig.legend(cmap_handles, groups, loc="lower center", ncol=ncol, fontsize=9, frameon=False)
-        bottom = min(0.3, (0.02 + 0.3 * -(-len(groups) // ncol)) / fig.get_figheight())
-    n_title_lines = title.count("\n") + 1
-    fig.tight_layout(rect=(0, bottom, 1, 1 - (0.12 + 0.2 * n_title_lines) / fig.get_figheight()))
+        handles = [Line2D([], [], color=cmap(i % 10), marker=MARKERS[i % len(MARKERS)], linewidth=1.8)
+                   for i in range(len(groups))]
+        fig.legend(handles, groups, loc="outside lower center", ncol=min(3, len(groups)), fontsize=9, frameon=False)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
