@@ -112,6 +112,14 @@ def test_custom_metrics_chosen_by_glob(tmp_path):
     assert proc.returncode == 2 and "--metrics 'nope' matches no numeric key" in proc.stderr
 
 
+def test_custom_metric_panels_are_capped_with_a_warning(tmp_path, caplog):
+    run = tmp_path / "run"
+    write_run(run, [0.5], extra={f"custom/m{i:02d}": float(i) for i in range(30)})
+    panels = select_panels(find_runs(run)[1], ["custom/*"])
+    assert [p.title for p, _ in panels if p.title.startswith("custom/")] == [f"custom/m{i:02d}" for i in range(24)]
+    assert "30 keys match; plotting the first 24, leaving out custom/m24, custom/m25" in caplog.text
+
+
 def test_zero_std_fraction_from_counts_and_group_size(tmp_path):
     run = tmp_path / "run"
     write_run(run, [0.5, 0.5, 0.5])
