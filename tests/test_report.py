@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.report import NoMetricsError, UnknownMetricError, find_runs, write_report
-from pipeline.report.curves import run_curves, sweep_curves
+from pipeline.report.curves import Band, band_limits, run_curves, sweep_curves
 from pipeline.report.panels import select_panels
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -225,6 +225,28 @@ def test_identical_curves_get_distinct_styles_and_offsets(tmp_path):
     assert len(evals) == 2 and evals[0].ys == evals[1].ys
     assert evals[0].style != evals[1].style and evals[0].marker != evals[1].marker
     assert evals[0].xs != evals[1].xs
+
+
+def test_all_zero_drops_and_buffer_are_tabulated_not_plotted(tmp_path):
+    run = tmp_path / "run"
+    write_run(run, [0.5, 0.25], extra={"rollout/groups_dropped": 0, "rollout/buffer_size": 0.0})
+    result = write_report(run)
+    data = json.loads(result["json"].read_text())
+    assert "Dynamic-filter drops" not in data["plotted"] and "Buffer size" not in data["plotted"]
+    assert "Reward" in data["plotted"]
+    md = result["markdown"].read_text()
+    assert "Not plotted (0 in every rollout; in the tables): Dynamic-filter drops, Buffer size." in md
+    assert "| groups dropped | buffer |" in md
+    write_run(tmp_path / "drops", [0.5, 0.25])
+    assert "Dynamic-filter drops" in json.loads(write_report(tmp_path / "drops")["json"].read_text())["plotted"]
+
+
+def test_bands_stay_in_the_quantitys_range():
+    b = Band(steps=[0, 1], mean=[0.9, 0.1], std=[0.3, 0.3], n=[2, 2], lowest=0.0)
+    assert band_limits(b, fraction=True) == (pytest.approx([0.6, 0.0]), pytest.approx([1.0, 0.4]))
+    assert band_limits(b, fraction=False)[1] == pytest.approx([1.2, 0.4])
+    negative = Band(steps=[0], mean=[0.1], std=[0.3], n=[2], lowest=-0.2)
+    assert band_limits(negative, fraction=False)[0] == pytest.approx([-0.2])
 
 
 def test_no_metrics_is_a_clear_error(tmp_path):

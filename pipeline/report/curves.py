@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pipeline.report.load import RunData
 from pipeline.report.panels import Panel
 
-__all__ = ["Band", "Curve", "OFFSET", "STYLES", "MARKERS", "band", "run_curves", "sweep_curves"]
+__all__ = ["Band", "Curve", "OFFSET", "STYLES", "MARKERS", "band", "band_limits", "run_curves", "sweep_curves"]
 
 STYLES = ("-", "--", ":", "-.")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
@@ -72,6 +72,14 @@ def band(runs: list[RunData], key: str) -> Band:
     return Band(steps=steps, mean=[statistics.fmean(v) for v in vals],
                 std=[statistics.stdev(v) if len(v) > 1 else 0.0 for v in vals], n=[len(v) for v in vals],
                 lowest=min((min(v) for v in vals), default=0.0))
+
+
+def band_limits(b: Band, fraction: bool) -> tuple[list[float], list[float]]:
+    """The drawn band, mean ± std, kept in the quantity's range: not below 0 when no job went
+    below 0, not above 1 for a fraction."""
+    floor = 0.0 if b.lowest >= 0 else float("-inf")
+    ceiling = 1.0 if fraction else float("inf")
+    return ([max(floor, m - s) for m, s in zip(b.mean, b.std)], [min(ceiling, m + s) for m, s in zip(b.mean, b.std)])
 
 
 def _points(run: RunData, key: str) -> list[tuple[int, float]]:

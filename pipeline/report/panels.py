@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pipeline.report.derived import ZERO_STD_FRACTION, ZERO_STD_FRACTION_GENERATED
 from pipeline.report.load import RunData
 
-__all__ = ["DEFAULT_METRICS", "PANELS", "Panel", "UnknownMetricError", "eval_sets", "numeric_keys",
+__all__ = ["DEFAULT_METRICS", "PANELS", "Panel", "UnknownMetricError", "all_zero", "eval_sets", "numeric_keys",
            "panel_keys", "select_panels"]
 
 # custom metrics shown when no --metrics pattern is given: throughput, and an eval function's own
@@ -52,6 +52,10 @@ class Panel:
     match: str = ""
     # how the table column is computed, printed under the tables; "" for none
     note: str = ""
+    # a fraction: bands are drawn no higher than 1
+    fraction: bool = False
+    # left out of the plot (still in the tables) when every value of every run is 0
+    hide_if_zero: bool = False
 
     def label(self, key: str) -> str:
         """The legend name of `key` in this panel (an eval key: `eval <set>`)."""
@@ -63,20 +67,23 @@ class Panel:
 PANELS: tuple[Panel, ...] = (
     Panel("Reward", "mean raw reward per sample", ("rollout/raw_reward",), "reward"),
     Panel("Pass rate (train)", "fraction of samples with reward > 0", ("rollout/pass_rate", "report/pass_rate"),
-          "pass rate"),
+          "pass rate", fraction=True),
     Panel("Truncated ratio", "fraction of samples cut at max length", ("rollout/truncated_ratio",), "truncated",
           key_labels=(("rollout/truncated_ratio", "train"),), match="eval/*-truncated_ratio",
-          note="truncated: fraction of train samples that hit the response-length limit (rollout/truncated_ratio)"),
+          note="truncated: fraction of train samples that hit the response-length limit (rollout/truncated_ratio)",
+          fraction=True),
     # the table column shows the fraction before the dynamic filter where one dropped zero-std groups
     Panel("Zero-std groups", "fraction of groups, all rewards equal", (ZERO_STD_FRACTION_GENERATED, ZERO_STD_FRACTION),
           "zero-std", key_labels=((ZERO_STD_FRACTION_GENERATED, "before the dynamic filter"),
                                   (ZERO_STD_FRACTION, "in the train batch")),
           note="zero-std: groups whose rewards all agree / groups, from rollout/zero_std/count_* and "
                "rollout/num_samples / n_samples_per_prompt; where the dynamic filter dropped such groups, counted "
-               "before the filter (its drops added to both), else in the train batch"),
+               "before the filter (its drops added to both), else in the train batch", fraction=True),
     Panel("Response length", "mean response length (tokens)", ("rollout/response_len/mean",), "response len"),
-    Panel("Dynamic-filter drops", "groups dropped per rollout", ("rollout/groups_dropped",), "groups dropped"),
-    Panel("Buffer size", "groups in the buffer after the rollout", ("rollout/buffer_size",), "buffer"),
+    Panel("Dynamic-filter drops", "groups dropped per rollout", ("rollout/groups_dropped",), "groups dropped",
+          hide_if_zero=True),
+    Panel("Buffer size", "groups in the buffer after the rollout", ("rollout/buffer_size",), "buffer",
+          hide_if_zero=True),
     Panel("Rollout time", "seconds per rollout", ("perf/rollout_time",), "time (s)"),
 )
 
@@ -97,6 +104,11 @@ def panel_keys(panel: Panel, runs: list[RunData]) -> list[str]:
     if panel.match:
         keys += sorted(k for k in present if fnmatch.fnmatchcase(k, panel.match) and k not in keys)
     return keys
+
+
+def all_zero(runs: list[RunData], keys: list[str]) -> bool:
+    """Every logged value of `keys` in every run is 0 (e.g. no drops without a dynamic filter)."""
+    return all(v in (None, 0.0) for r in runs for k in keys for v in r.series(k))
 
 
 def eval_sets(keys: list[str] | set[str]) -> list[str]:
@@ -131,7 +143,7 @@ def _eval_panel(name: str, runs: list[RunData], present: set[str]) -> Panel:
     column = f"eval {name} " + dict(labels).get(keys[0], "").split(" ")[0] if keys else f"eval {name}"
     return Panel(f"Eval: {name}", "pass@k / mean reward over eval prompts", tuple(keys), column.strip(),
                  key_labels=tuple(labels), note=f"{column.strip()}: {keys[0] if keys else ''}, only at eval steps "
-                 "(pass@k: unbiased estimate from n_samples_per_eval_prompt samples per prompt)")
+                 "(pass@k: unbiased estimate from n_samples_per_eval_prompt samples per prompt)", fraction=True)
 
 
 def select_panels(runs: list[RunData], metrics: list[str] | None = None) -> list[tuple[Panel, list[str]]]:

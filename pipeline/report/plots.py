@@ -13,7 +13,7 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from pipeline.atomic import atomic_write_bytes  # noqa: E402
-from pipeline.report.curves import MARKERS, Curve  # noqa: E402
+from pipeline.report.curves import MARKERS, Curve, band_limits  # noqa: E402
 from pipeline.report.panels import Panel  # noqa: E402
 
 __all__ = ["plot_curves"]
@@ -57,10 +57,7 @@ def plot_curves(panels: list[tuple[Panel, list[str]]], curves: list[Curve], path
         for c in mine:
             colour = cmap(c.colour % 10)
             if c.band is not None:
-                # a quantity no job took below 0 (times, counts, fractions): the band stops at 0
-                floor = 0.0 if c.band.lowest >= 0 else float("-inf")
-                lo = [max(floor, m - s) for m, s in zip(c.band.mean, c.band.std)]
-                hi = [m + s for m, s in zip(c.band.mean, c.band.std)]
+                lo, hi = band_limits(c.band, panel.fraction)
                 ax.fill_between(c.xs, lo, hi, color=colour, alpha=0.15, linewidth=0)
             if c.thin:
                 ax.plot(c.xs, c.ys, c.style, color=colour, alpha=0.35, linewidth=0.8)
