@@ -249,6 +249,16 @@ def test_bands_stay_in_the_quantitys_range():
     assert band_limits(negative, fraction=False)[0] == pytest.approx([-0.2])
 
 
+def test_committed_real_sweep_report_is_what_the_report_writes(tmp_path):
+    """docs/img/real_sweep holds the metrics of the README's real-model sweep; its report.md
+    (and report.json) are what `python -m pipeline.report` writes from them today."""
+    docs = ROOT / "docs" / "img" / "real_sweep"
+    write_report(docs / "jobs", tmp_path, title="real model (SmolLM2-135M), 2 seeds × n_samples_per_prompt 2, 4")
+    assert (tmp_path / "report.md").read_text() == (docs / "report.md").read_text(), (
+        "regenerate: python -m pipeline.report docs/img/real_sweep/jobs --out docs/img/real_sweep --title '...'")
+    assert json.loads((tmp_path / "report.json").read_text()) == json.loads((docs / "report.json").read_text())
+
+
 def test_no_metrics_is_a_clear_error(tmp_path):
     with pytest.raises(NoMetricsError, match="no metrics.jsonl"):
         write_report(tmp_path)
