@@ -143,7 +143,8 @@ def _eval_panel(name: str, runs: list[RunData], present: set[str]) -> Panel:
     column = f"eval {name} " + dict(labels).get(keys[0], "").split(" ")[0] if keys else f"eval {name}"
     return Panel(f"Eval: {name}", "pass@k / mean reward over eval prompts", tuple(keys), column.strip(),
                  key_labels=tuple(labels), note=f"{column.strip()}: {keys[0] if keys else ''}, only at eval steps "
-                 "(pass@k: unbiased estimate from n_samples_per_eval_prompt samples per prompt)", fraction=True)
+                 "(pass@k: unbiased estimate from n_samples_per_eval_prompt samples per prompt)",
+                 fraction=mean not in keys)
 
 
 def select_panels(runs: list[RunData], metrics: list[str] | None = None) -> list[tuple[Panel, list[str]]]:
