@@ -4,63 +4,107 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from pipeline.atomic import atomic_write_bytes
-from pipeline.report.load import find_runs
-from pipeline.report.plots import plot_runs
+from pipeline.report.curves import OFFSET, run_curves, sweep_curves
+from pipeline.report.load import RunData, find_runs
+from pipeline.report.panels import Panel, all_zero, select_panels
+from pipeline.report.plots import plot_curves
 from pipeline.report.tables import group_runs, run_table, seed_keys, swept_keys, sweep_tables
 
 __all__ = ["write_report"]
 
 logger = logging.getLogger(__name__)
 
+Panels = list[tuple[Panel, list[str]]]
+
 
 def _write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def _short(key: str) -> str:
+    return key.rsplit(".", 1)[-1]
+
+
+def _plotted(runs: list[RunData], panels: Panels) -> tuple[Panels, list[str]]:
+    """The panels to draw, and the titles of those left out because they are 0 throughout."""
+    hidden = [p.title for p, keys in panels if p.hide_if_zero and all_zero(runs, keys)]
+    return [(p, keys) for p, keys in panels if p.title not in hidden], hidden
+
+
+def _hidden_line(hidden: list[str]) -> list[str]:
+    return [f"Not plotted (0 in every rollout; in the tables): {', '.join(hidden)}.", ""] if hidden else []
+
+
+def _run_report(run: RunData, panels: Panels, plotted: Panels, out: Path,
+                title: str) -> tuple[list[str], dict[str, Any], Path]:
+    curves = run_curves(run, plotted)
+    plot = plot_curves(plotted, curves, out / "run.png", title=f"{title}: metrics over rollout_id")
+    lines = [f"# Report: {title}", "", f"{len(run.rows)} rollouts from `{run.path / 'metrics.jsonl'}`.", "",
+             f"![metrics over rollout_id]({plot.name})", ""] + run_table(run, panels)
+    return lines, {"rows": run.rows}, plot
+
+
+def _sweep_report(runs: list[RunData], panels: Panels, plotted: Panels, out: Path, title: str,
+                  over: list[str] | None) -> tuple[list[str], dict[str, Any], Path]:
+    swept = swept_keys(runs)
+    over = seed_keys(swept) if over is None else over
+    by = [k for k in swept if k not in over]
+    groups = []
+    for values, members in group_runs(runs, by):
+        name = " ".join(f"{_short(k)}={v}" for k, v in values.items()) or "all jobs"
+        jobs = ", ".join(m.name for m in members)
+        groups.append((f"{name} ({len(members)} job{'s' if len(members) > 1 else ''}: {jobs})", members))
+    if any(len(m) > 1 for _, m in groups):
+        values = f"the {', '.join(map(_short, over)) or 'job'} values"
+        how = (f"colour + marker: {', '.join(map(_short, by)) or 'all jobs'}; thick line: mean over {values}; "
+               f"thin lines: single jobs\nband: ± std over {values} (cut at 0, and at 1 for fractions)")
+    else:
+        how = "one curve per job"
+    curves = sweep_curves(groups, plotted)
+    spread = OFFSET * (len(groups) - 1) / 2
+    shift = f"; curves shifted by up to ±{spread:.2g} rollout_id so equal ones stay visible" if spread else ""
+    plot = plot_curves(plotted, curves, out / "sweep.png", groups=[g for g, _ in groups],
+                       title=f"{title}: {len(runs)} jobs\n{how}{shift}")
+    table, data = sweep_tables(runs, panels, over)
+    lines = [f"# Report: {title}", "", f"{len(runs)} jobs; swept: {', '.join(swept) or 'nothing'}.", "",
+             f"![metrics over rollout_id: mean ± std over {', '.join(over) or 'jobs'}]({plot.name})", ""] + table
+    data["bands"] = [{"group": c.label, "key": c.key, "panel": plotted[c.panel][0].title, "jobs": c.members,
+                      **asdict(c.band)} for c in curves if c.band is not None]
+    return lines, data, plot
+
+
 def write_report(path: str | Path, out_dir: str | Path | None = None, over: list[str] | None = None,
-                 title: str | None = None) -> dict[str, Any]:
+                 title: str | None = None, metrics: list[str] | None = None) -> dict[str, Any]:
     """Write the report of the run or sweep at `path` into `out_dir` (default `<path>/report`).
 
-    Returns {"kind", "markdown", "plots", "json"} with the written paths. Raises
-    `NoMetricsError` when `path` holds no metrics.jsonl.
+    `metrics`: globs of extra numeric keys to plot and tabulate (default
+    `panels.DEFAULT_METRICS`). Returns {"kind", "markdown", "plots", "json"} with the written
+    paths. Raises `NoMetricsError` when `path` holds no metrics.jsonl, `UnknownMetricError`
+    when a pattern matches no numeric key.
     """
     path = Path(path)
     kind, runs = find_runs(path)
+    panels = select_panels(runs, metrics)
     out = Path(out_dir) if out_dir is not None else path / "report"
     title = title or f"{kind} {path.resolve().name}"
+    plotted, hidden = _plotted(runs, panels)
     if kind == "run":
-        run = runs[0]
-        plot = plot_runs(runs, out / "run.png", title=f"{title}: metrics over rollout_id")
-        lines = [f"# Report: {title}", "", f"{len(run.rows)} rollouts from `{run.path / 'metrics.jsonl'}`.", "",
-                 f"![metrics over rollout_id]({plot.name})", ""] + run_table(run)
-        data: dict[str, Any] = {"kind": kind, "rows": run.rows}
-        plots = [plot]
+        lines, data, plot = _run_report(runs[0], panels, plotted, out, title)
     else:
-        swept = swept_keys(runs)
-        over = seed_keys(swept) if over is None else over
-        by = [k for k in swept if k not in over]
-        colour_of, style_of = {}, {}
-        for gi, (_, members) in enumerate(group_runs(runs, by)):
-            for si, m in enumerate(members):
-                colour_of[m.name], style_of[m.name] = gi, si
-        # legend label: job number + the swept values
-        labels = {r.name: " ".join([f"job {r.name}:"] + [f"{k.rsplit('.', 1)[-1]}={r.overrides.get(k, '')}"
-                                                         for k in swept]) for r in runs}
-        plot = plot_runs(runs, out / "sweep.png", title=f"{title}: {len(runs)} jobs, one curve each\n"
-                         f"colour: {', '.join(by) or 'job'}; line style: {', '.join(over) or 'job'}",
-                         colour_of=colour_of, style_of=style_of, labels=labels)
-        table, data = sweep_tables(runs, over)
-        lines = [f"# Report: {title}", "", f"{len(runs)} jobs; swept: {', '.join(swept) or 'nothing'}.", "",
-                 f"![metrics over rollout_id, one curve per job]({plot.name})", ""] + table
-        data["kind"] = kind
-        plots = [plot]
+        lines, data, plot = _sweep_report(runs, panels, plotted, out, title, over)
+    # under the plot: both kinds start with title, summary and image (6 lines)
+    lines[6:6] = _hidden_line(hidden)
+    data["kind"] = kind
+    data["panels"] = [{"title": p.title, "keys": keys} for p, keys in panels]
+    data["plotted"] = [p.title for p, _ in plotted]
     md = out / "report.md"
     _write_text(md, "\n".join(lines) + "\n")
     js = out / "report.json"
     _write_text(js, json.dumps(data, indent=1, default=str))
-    logger.debug("report: %s (%d plot(s))", md, len(plots))
-    return {"kind": kind, "markdown": md, "plots": plots, "json": js}
+    logger.debug("report: %s", md)
+    return {"kind": kind, "markdown": md, "plots": [plot], "json": js}

@@ -10,6 +10,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from pipeline.report.derived import add_zero_std_fractions
 from pipeline.sinks.jsonl import read_metrics
 
 __all__ = ["NoMetricsError", "RunData", "find_runs", "load_run", "pass_rate_from_samples"]
@@ -76,11 +77,12 @@ def pass_rate_from_samples(path: Path, reward_key: str | None = None) -> float |
     return sum(r > 0 for r in rewards) / len(rewards) if rewards else None
 
 
-def _reward_key(run_dir: Path) -> str | None:
+def _config(run_dir: Path) -> dict[str, Any]:
+    """The run's composed config (`.hydra/config.yaml`, unresolved); {} when there is none."""
     cfg = run_dir / ".hydra" / "config.yaml"
     if not cfg.exists():
-        return None
-    return OmegaConf.to_container(OmegaConf.load(cfg)).get("reward_key")
+        return {}
+    return OmegaConf.to_container(OmegaConf.load(cfg)) or {}
 
 
 def _overrides(run_dir: Path) -> dict[str, str]:
@@ -97,17 +99,19 @@ def _overrides(run_dir: Path) -> dict[str, str]:
 
 def load_run(run_dir: str | Path, name: str | None = None) -> RunData:
     """Load `<run_dir>/metrics.jsonl`; runs logged before `rollout/pass_rate` existed get
-    `report/pass_rate` computed from their sample dumps."""
+    `report/pass_rate` computed from their sample dumps; zero-std fractions are derived from
+    the logged counts (`add_zero_std_fractions`)."""
     run_dir = Path(run_dir)
     metrics = run_dir / "metrics.jsonl"
     if not metrics.exists():
         raise NoMetricsError(f"{run_dir}: no metrics.jsonl (expected a run dir written by `python run.py`)")
     rows = read_metrics(metrics)
-    reward_key = _reward_key(run_dir)
+    config = _config(run_dir)
     for row in rows:
         dump = run_dir / "samples" / f"rollout_{row['step']}.jsonl"
         if dump.exists() and "rollout/pass_rate" not in row:
-            row["report/pass_rate"] = pass_rate_from_samples(dump, reward_key)
+            row["report/pass_rate"] = pass_rate_from_samples(dump, config.get("reward_key"))
+    add_zero_std_fractions(rows, config.get("n_samples_per_prompt"))
     return RunData(path=run_dir, name=name or run_dir.name, overrides=_overrides(run_dir), rows=rows)
 
 

@@ -6,9 +6,9 @@ import statistics
 from typing import Any
 
 from pipeline.report.load import RunData
-from pipeline.report.panels import PANELS, panel_keys
+from pipeline.report.panels import Panel
 
-__all__ = ["group_runs", "run_table", "seed_keys", "swept_keys", "sweep_tables"]
+__all__ = ["group_runs", "notes", "run_table", "seed_keys", "swept_keys", "sweep_tables"]
 
 
 def _fmt(v: float | None, digits: int = 3) -> str:
@@ -20,25 +20,26 @@ def _mean(values: list[float | None]) -> float | None:
     return statistics.fmean(vals) if vals else None
 
 
-def _columns(runs: list[RunData]) -> list[tuple[str, str]]:
+def _columns(panels: list[tuple[Panel, list[str]]]) -> list[tuple[str, str]]:
     """(column name, metric key) for the first present key of each panel."""
-    cols = []
-    for panel in PANELS:
-        keys = panel_keys(panel, runs)
-        if keys:
-            cols.append((panel.column, keys[0]))
-    return cols
+    return [(panel.column, keys[0]) for panel, keys in panels if keys]
+
+
+def notes(panels: list[tuple[Panel, list[str]]]) -> list[str]:
+    """How the derived columns are computed (one bullet per panel with a note)."""
+    lines = [f"- {panel.note}" for panel, keys in panels if keys and panel.note]
+    return ["", "Columns:", ""] + lines if lines else []
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
 
 
-def run_table(run: RunData) -> list[str]:
-    """One row per rollout_id with the panel quantities."""
-    cols = _columns([run])
+def run_table(run: RunData, panels: list[tuple[Panel, list[str]]]) -> list[str]:
+    """One row per rollout_id with the panel quantities ("–" where a step lacks one, e.g. eval)."""
+    cols = _columns(panels)
     rows = [[str(step)] + [_fmt(run.series(key)[i]) for _, key in cols] for i, step in enumerate(run.steps())]
-    return _table(["rollout_id"] + [c for c, _ in cols], rows)
+    return _table(["rollout_id"] + [c for c, _ in cols], rows) + notes(panels)
 
 
 def swept_keys(runs: list[RunData]) -> list[str]:
@@ -71,18 +72,21 @@ def _spread(values: list[float | None]) -> str:
     return f"{statistics.fmean(vals):.3g} ± {statistics.stdev(vals):.2g}"
 
 
-def sweep_tables(runs: list[RunData], over: list[str] | None = None) -> tuple[list[str], dict[str, Any]]:
+def sweep_tables(runs: list[RunData], panels: list[tuple[Panel, list[str]]],
+                 over: list[str] | None = None) -> tuple[list[str], dict[str, Any]]:
     """Markdown lines (a per-group table, then a per-job table) and their data as a dict.
 
-    Each job is summarised by the mean over its rollouts; a group (same values of the swept keys
-    not in `over`, default: the swept seed keys) shows mean ± sample std over its jobs.
+    Each job is summarised by the mean over the rollouts that logged a quantity (eval: its eval
+    points); a group (same values of the swept keys not in `over`, default: the swept seed keys)
+    shows mean ± sample std over its jobs.
     """
     swept = swept_keys(runs)
     over = seed_keys(swept) if over is None else over
     by = [k for k in swept if k not in over]
-    cols = _columns(runs)
+    cols = _columns(panels)
     per_job = {run.name: {c: _mean(run.series(key)) for c, key in cols} for run in runs}
-    lines = [f"Each job: mean over its rollouts. Grouped by {', '.join(by) or '(nothing)'}; "
+    lines = [f"Each job: mean over the rollouts that logged a column (eval: its eval points). "
+             f"Grouped by {', '.join(by) or '(nothing)'}; "
              f"± is the standard deviation over {', '.join(over) or 'jobs'}.", ""]
     group_rows, data_groups = [], []
     for values, members in group_runs(runs, by):
@@ -93,7 +97,7 @@ def sweep_tables(runs: list[RunData], over: list[str] | None = None) -> tuple[li
     lines += ["", "Per job:", ""]
     job_rows = [[run.name, " ".join(f"{k}={run.overrides.get(k, '')}" for k in swept), str(len(run.rows))]
                 + [_fmt(per_job[run.name][c]) for c, _ in cols] for run in runs]
-    lines += _table(["job", "swept overrides", "rollouts"] + [c for c, _ in cols], job_rows)
+    lines += _table(["job", "swept overrides", "rollouts"] + [c for c, _ in cols], job_rows) + notes(panels)
     data = {"swept": swept, "over": over, "group_by": by, "columns": dict(cols), "groups": data_groups,
             "jobs": per_job}
     return lines, data
