@@ -103,19 +103,21 @@ def rm_types_in_rows(path: str, metadata_key: str | None,
 
     file, row_slice = parse_data_path(path)
     store = open_store(path)
+    rows = len(store)  # also indexes the lines, which `store.where` needs
     if metadata_key is None or not _may_mention(file, b"rm_type"):
-        return {}, len(store)
+        return {}, rows
     cache = ArrayCache(cache_dir, "rm_types")
     key = cache.key({"files": [f.sha256 for f in store.files], "slice": str(row_slice),
-                     "metadata_key": metadata_key, "version": 1})
+                     "metadata_key": metadata_key, "version": 2})
     cached = cache.get(key)
-    if cached is not None:
-        return dict(zip(cached["values"].tolist(), cached["where"].tolist())), int(cached["missing"][0])
-    found, missing = _scan_store(store, metadata_key)
-    if all(isinstance(v, str) for v in found):
-        cache.put(key, {"values": np.array(list(found), dtype=str), "where": np.array(list(found.values()), dtype=str),
-                        "missing": np.array([missing])})
-    return found, missing
+    if cached is not None:  # row positions, not texts: the same content may sit at another path
+        first = dict(zip(cached["values"].tolist(), cached["rows"].tolist()))
+        return {value: store.where(row) for value, row in first.items()}, int(cached["missing"][0])
+    first, missing = _scan_store(store, metadata_key)
+    if all(isinstance(v, str) for v in first):
+        cache.put(key, {"values": np.array(list(first), dtype=str),
+                        "rows": np.array(list(first.values()), dtype=np.int64), "missing": np.array([missing])})
+    return {value: store.where(row) for value, row in first.items()}, missing
 
 
 def _may_mention(file: str, word: bytes) -> bool:
@@ -131,13 +133,13 @@ def _may_mention(file: str, word: bytes) -> bool:
     return False
 
 
-def _scan_store(store: Any, metadata_key: str) -> tuple[dict[Any, str], int]:
+def _scan_store(store: Any, metadata_key: str) -> tuple[dict[Any, int], int]:
+    """({rm_type: first row position}, rows without one) of an opened store."""
     table = store.table()
     scanned = _from_table(table, metadata_key) if table is not None else None
     if scanned is not None:
-        first, missing = scanned
-        return {value: store.where(i) for value, i in first.items()}, missing
-    found: dict[Any, str] = {}
+        return scanned
+    first: dict[Any, int] = {}
     missing = 0
     for start in range(0, len(store), _SCAN_CHUNK):
         positions = np.arange(start, min(start + _SCAN_CHUNK, len(store)))
@@ -146,8 +148,8 @@ def _scan_store(store: Any, metadata_key: str) -> tuple[dict[Any, str], int]:
             if value is None or value == "":
                 missing += 1
             else:
-                found.setdefault(value if isinstance(value, (str, int, float)) else repr(value), store.where(i))
-    return found, missing
+                first.setdefault(value if isinstance(value, (str, int, float)) else repr(value), i)
+    return first, missing
 
 
 def _rows(store: Any, positions: np.ndarray) -> list[Any]:

@@ -64,6 +64,8 @@ def test_rm_types_are_cached_by_content(tmp_path: Path) -> None:
     first = rm_types_in_rows(str(data), "metadata", str(tmp_path / "cache"))
     assert first == ({"f1": f"{data} line 1"}, 1) and len(list((tmp_path / "cache" / "rm_types").glob("*.npz"))) == 1
     assert rm_types_in_rows(str(data), "metadata", str(tmp_path / "cache")) == first
+    moved = _jsonl(tmp_path / "elsewhere.jsonl", _rows(["f1", None]))  # same content, another file
+    assert rm_types_in_rows(str(moved), "metadata", str(tmp_path / "cache")) == ({"f1": f"{moved} line 1"}, 1)
     _jsonl(data, _rows(["gpqa", "f1"]))                              # new content: a new answer
     assert rm_types_in_rows(str(data), "metadata", str(tmp_path / "cache")) == (
         {"gpqa": f"{data} line 1", "f1": f"{data} line 2"}, 0)
