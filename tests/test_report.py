@@ -266,6 +266,11 @@ def test_no_metrics_is_a_clear_error(tmp_path):
                           text=True, timeout=60)
     assert proc.returncode == 2 and "no metrics.jsonl here or in its subfolders" in proc.stderr
     assert not (tmp_path / "report").exists()
+    (tmp_path / "metrics.jsonl").write_text("")
+    proc = subprocess.run([sys.executable, "-m", "pipeline.report", str(tmp_path)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2 and "metrics.jsonl has no rollout yet" in proc.stderr, proc.stderr
+    assert not (tmp_path / "report").exists()
 
 
 def test_bad_metrics_line_names_file_and_line(tmp_path):

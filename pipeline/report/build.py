@@ -10,7 +10,7 @@ from typing import Any
 
 from pipeline.atomic import atomic_write_bytes
 from pipeline.report.curves import OFFSET, run_curves, sweep_curves
-from pipeline.report.load import RunData, find_runs
+from pipeline.report.load import NoMetricsError, RunData, find_runs
 from pipeline.report.panels import Panel, all_zero, select_panels
 from pipeline.report.plots import plot_curves
 from pipeline.report.tables import group_runs, run_table, seed_keys, swept_keys, sweep_tables
@@ -89,6 +89,8 @@ def write_report(path: str | Path, out_dir: str | Path | None = None, over: list
     """
     path = Path(path)
     kind, runs = find_runs(path)
+    if not any(run.rows for run in runs):
+        raise NoMetricsError(f"{path}: metrics.jsonl has no rollout yet (the run stopped before rollout 0 ended)")
     panels = select_panels(runs, metrics)
     out = Path(out_dir) if out_dir is not None else path / "report"
     title = title or f"{kind} {path.resolve().name}"
