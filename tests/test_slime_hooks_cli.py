@@ -36,11 +36,10 @@ def hook_log(log_dir: Path, hook: str) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def common(data: Path, tmp: Path, **extra: str) -> list[str]:
+def common(data: Path, tmp: Path, engine_rollout: bool = True) -> list[str]:
     (tmp / "hooks").mkdir(exist_ok=True)
-    args = base(data / "arith.jsonl") + ["logger=jsonl", "allowed_targets_extra=[tests.]", "num_rollout=2",
+    return base(data / "arith.jsonl", engine_rollout) + ["logger=jsonl", "allowed_targets_extra=[tests.]", "num_rollout=2",
                                          f"+hook_log_dir={tmp / 'hooks'}", f"hydra.run.dir={tmp / 'run'}"]
-    return args + [f"{k}={v}" for k, v in extra.items()]
 
 
 def test_engine_rollout_hooks_run_in_slimes_order_with_slimes_arguments(data, tmp_path):
@@ -78,6 +77,7 @@ def test_engine_rollout_hooks_run_in_slimes_order_with_slimes_arguments(data, tm
 
     processed = hook_log(logs, "all_samples")
     assert len(processed) == 2
+    assert any(k.startswith("rollout/dynamic_filter/drop_") for row in metrics for k in row)  # some were dropped
     for rid, call in enumerate(processed):
         kept = read_samples(run / "samples" / f"rollout_{rid}.jsonl")
         kept_groups = sorted({tuple(s.index for s in kept if s.group_index == g) for g in {s.group_index for s in kept}})
@@ -101,7 +101,7 @@ def test_function_rollout_with_slime_data_source_and_eval_log_hook(data, tmp_pat
     """data_source_path builds the class as slime does (`cls(args)`); the eval log hook gets
     (rollout_id, args, data, extra_metrics) and True drops the default eval metrics; the older
     args-only post-process form works; all-samples gets the kept groups of a plain rollout fn."""
-run_cli(common(data, tmp_path) + [
+    run_cli(common(data, tmp_path, engine_rollout=False) + [
         "rollout=function", "rollout.path=tests.pipeline.slime_plugins.generate_rollout",
         "eval=function", "eval.path=tests.pipeline.slime_plugins.generate_rollout", "eval_interval=1",
         f"data_source_path={HOOKS}ListDataSource",
@@ -160,7 +160,7 @@ def run_failing(args: list[str]) -> subprocess.CompletedProcess:
 
 
 def test_an_unset_slime_arg_names_the_key_and_how_to_set_it(data, tmp_path):
-    proc = run_failing(common(data, tmp_path) + ["rollout=function", f"rollout.path={HOOKS}rollout_needing_loss_mask_type"])
+    proc = run_failing(common(data, tmp_path, engine_rollout=False) + ["rollout=function", f"rollout.path={HOOKS}rollout_needing_loss_mask_type"])
     assert "args has no attribute 'loss_mask_type'" in proc.stderr
     assert "+loss_mask_type=<value>" in proc.stderr and "slime_args:" in proc.stderr
 
@@ -168,3 +168,31 @@ def test_an_unset_slime_arg_names_the_key_and_how_to_set_it(data, tmp_path):
 def test_a_bad_sample_hook_stops_the_run_naming_it(data, tmp_path):
     proc = run_failing(common(data, tmp_path) + [f"rollout_sample_hook_path=[{HOOKS}bad_sample_hook]"])
     assert f"rollout sample hook '{HOOKS}bad_sample_hook' returned dict" in proc.stderr
+
+
+@pytest.mark.slow
+def test_slime_sft_rollout_loads_hf_checkpoint_as_a_folder(tmp_path):
+    """A slime sft_rollout-style plugin loads args.hf_checkpoint with from_pretrained (the real
+    tokenizer, offline: no hub retries) with only documented keys added (+loss_mask_type)."""
+    from transformers import AutoTokenizer
+
+    chat = [{"messages": [{"role": "user", "content": f"Say {w}."}, {"role": "assistant", "content": f"{w}!"}]}
+            for w in ("hello", "bye", "yes", "no")]
+    (tmp_path / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in chat))
+    (tmp_path / "hooks").mkdir()
+    run_cli(["engine=scripted", "logger=jsonl", "allowed_targets_extra=[tests.]", "num_rollout=2",
+             "rollout_batch_size=2", "n_samples_per_prompt=1", "advantage=none",
+             f"data_source.path={tmp_path / 'chat.jsonl'}", "data_source.input_key=messages",
+             "data_source.label_key=null", "data_source.apply_chat_template=false",
+             "rollout=function", "rollout.path=tests.pipeline.slime_sft.generate_rollout",
+             "+loss_mask_type=prefix", f"+hook_log_dir={tmp_path / 'hooks'}", f"hydra.run.dir={tmp_path / 'run'}"],
+            HF_HUB_OFFLINE="0")
+    (loaded,) = hook_log(tmp_path / "hooks", "sft")
+    folder = Path(loaded["hf_checkpoint"])
+    assert (folder / "config.json").is_file()
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    for rid in (0, 1):
+        train = load_train_data(tmp_path / "run" / "train_data" / f"rollout_{rid}")
+        for tokens, length, mask in zip(train["tokens"], train["response_lengths"], train["loss_masks"]):
+            response = tokenizer.decode(tokens[len(tokens) - length:])
+            assert any(f"{w}!" in response for w in ("hello", "bye", "yes", "no")) and sum(mask) > 0

@@ -80,7 +80,7 @@ def test_preflight_checks_the_custom_generate_allowlist_and_hook_keys(tmp_path):
     cfg = compose_cfg(tmp_path, "rollout.custom_generate_path=os.system", "eval=engine",
                       "eval.custom_generate_path=mypkg.gen.generate",
                       "rollout_sample_hook_path=[mypkg.hooks.stamp]", "data_source_path=notdotted",
-                      "slime_args={num_rollout: 3, loss_mask_type: qwen}")
+                      "+slime_args.num_rollout=3", "+slime_args.loss_mask_type=qwen")
     with pytest.raises(ConfigError) as err:
         validate(cfg)
     msg = str(err.value)
@@ -100,7 +100,7 @@ def test_preflight_refuses_a_sample_hook_path_that_is_not_a_list(tmp_path):
 
 # ------------------------------------------------------------------ the args view
 def test_args_name_an_unset_slime_arg_and_read_slime_args_and_plus_keys(tmp_path):
-    args = SlimeArgs.from_config(to_plain(compose_cfg(tmp_path, "slime_args={loss_mask_type: qwen}",
+    args = SlimeArgs.from_config(to_plain(compose_cfg(tmp_path, "+slime_args.loss_mask_type=qwen",
                                                       "+sglang_router_ip=10.0.0.1")))
     assert args.loss_mask_type == "qwen" and args.sglang_router_ip == "10.0.0.1"
     with pytest.raises(AttributeError) as err:
