@@ -210,7 +210,9 @@ def _build(plain: dict[str, Any], args: SlimeArgs, allowed: tuple[str, ...], run
         if tokenizer is None:
             tokenizer = _load_tokenizer(plain)
     if plain["data_source_path"]:  # slime's --data-source-path: the class, built as slime builds it
-        data_source = build({"path": plain["data_source_path"]}, allowed=allowed, where="data_source_path")(args)
+        # with slime's --save / --load: the run dir (state under <run>/rollout/, slime's layout)
+        ds_args = args if "save" in args else args.replace(save=run_dir, load=run_dir if plain["resume"] else None)
+        data_source = build({"path": plain["data_source_path"]}, allowed=allowed, where="data_source_path")(ds_args)
     else:
         buffer_filter = build(plain["filter"], allowed=allowed, where="filter")
         data_source = build(ds_node, allowed=allowed, where="data_source", args=args, tokenizer=tokenizer,
