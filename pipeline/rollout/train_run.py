@@ -225,7 +225,9 @@ class TrainRun:
                     out = await call_custom_generate(fn, path, self.args, sample, params, False)
                 else:
                     out = await default_generate(self.ctx, self.args, sample, params)
-            if self.o.sample_hooks:
+            # as in slime, not on a sample the abort reached before it was sent to the engine
+            untouched = self.ctx.aborted and out is sample and sample.response_length == before
+            if self.o.sample_hooks and not untouched:
                 out = await self.o.sample_hooks.apply(self.args, out, rollout_id=self.rollout_id, evaluation=False)
             if isinstance(out, list):
                 if all(s.rollout_id is None for s in out):
