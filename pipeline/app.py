@@ -18,6 +18,7 @@ from omegaconf import DictConfig
 from pipeline import run_lock
 from pipeline.config import ConfigError, SlimeArgs, allowed_targets, build, load_object, to_plain, validate
 from pipeline.logging_setup import RunProgress, configure_console, progress_logger
+from pipeline.rollout.sample_hooks import SampleHooks
 from pipeline.run_record import check_resume_config, read_changes, read_record
 from pipeline.runner import Pipeline, Schedule
 from pipeline.session import discard_session_files, interrupt_hint, store_record
@@ -28,12 +29,16 @@ __all__ = ["run", "run_identity"]
 
 logger = logging.getLogger(__name__)
 
-# top-level slime hook keys -> StageParts field
+# top-level slime hook keys -> StageParts field (rollout_sample_hook_path and data_source_path
+# are built in _build: the hooks go to the rollout and eval, the class replaces the data source)
 _HOOKS = {
     "custom_reward_post_process_path": "reward_post_process",
     "custom_convert_samples_to_train_data_path": "convert_to_train_data",
     "rollout_sample_filter_path": "rollout_sample_filter",
     "custom_rollout_log_function_path": "rollout_log",
+    "rollout_all_samples_process_path": "all_samples_process",
+    "custom_eval_rollout_log_function_path": "eval_rollout_log",
+    "rollout_data_postprocess_path": "rollout_data_postprocess",
 }
 
 
@@ -191,8 +196,10 @@ def _build(plain: dict[str, Any], args: SlimeArgs, allowed: tuple[str, ...], run
         ds_node["save_dir"] = os.path.join(run_dir, "checkpoints")
     # engines load their tokenizer lazily (the hf one converts the model on first access), so it
     # is fetched only for parts that need it at build time; engine rollouts take engine.tokenizer
-    needs_tokenizer = bool(ds_node.get("apply_chat_template")) or ds_node.get("max_prompt_len") is not None \
-        or any(_accepts(c, "tokenizer") and not _accepts(c, "engine") for c in consumers)
+    # (a data_source_path class loads its own, from args.hf_checkpoint, as in slime)
+    ds_tokenizer = not plain["data_source_path"] and (
+        bool(ds_node.get("apply_chat_template")) or ds_node.get("max_prompt_len") is not None)
+    needs_tokenizer = ds_tokenizer or any(_accepts(c, "tokenizer") and not _accepts(c, "engine") for c in consumers)
     engine = None
     if needs_tokenizer or any(_accepts(c, "engine") for c in consumers):
         engine = build(plain["engine"], allowed=allowed, where="engine")
@@ -202,9 +209,14 @@ def _build(plain: dict[str, Any], args: SlimeArgs, allowed: tuple[str, ...], run
         tokenizer = getattr(engine, "tokenizer", None)
         if tokenizer is None:
             tokenizer = _load_tokenizer(plain)
-    buffer_filter = build(plain["filter"], allowed=allowed, where="filter")
-    data_source = build(ds_node, allowed=allowed, where="data_source", args=args, tokenizer=tokenizer,
-                        buffer_filter=buffer_filter)
+    if plain["data_source_path"]:  # slime's --data-source-path: the class, built as slime builds it
+        # with slime's --save / --load: the run dir (state under <run>/rollout/, slime's layout)
+        ds_args = args if "save" in args else args.replace(save=run_dir, load=run_dir if plain["resume"] else None)
+        data_source = build({"path": plain["data_source_path"]}, allowed=allowed, where="data_source_path")(ds_args)
+    else:
+        buffer_filter = build(plain["filter"], allowed=allowed, where="filter")
+        data_source = build(ds_node, allowed=allowed, where="data_source", args=args, tokenizer=tokenizer,
+                            buffer_filter=buffer_filter)
     start = plain["start_rollout_id"]
     if plain["resume"]:
         last = data_source.load()
@@ -222,8 +234,10 @@ def _build(plain: dict[str, Any], args: SlimeArgs, allowed: tuple[str, ...], run
     filter_node = {k: v for k, v in plain["dynamic_filter"].items() if k != "over_sampling_factor"}
     dynamic_filter = _naming_errors(build(filter_node, allowed=allowed, where="dynamic_filter"),
                                     filter_node, "dynamic_filter")
+    sample_hooks = SampleHooks([(path, build({"path": path}, allowed=allowed, where="rollout_sample_hook_path"))
+                                for path in plain["rollout_sample_hook_path"]])
     runtime = dict(engine=engine, reward=reward, dynamic_filter=dynamic_filter, tokenizer=tokenizer,
-                   args=args, run_dir=run_dir)
+                   args=args, run_dir=run_dir, sample_hooks=sample_hooks)
     rollout_fn = _naming_errors(build(plain["rollout"], allowed=allowed, where="rollout", **runtime),
                                 plain["rollout"], "rollout")
     eval_fn = _naming_errors(build(plain["eval"], allowed=allowed, where="eval", **runtime), plain["eval"], "eval")

@@ -26,6 +26,7 @@ __all__ = [
     "SlimeArgs",
     "build",
     "load_object",
+    "missing_arg_message",
     "to_plain",
     "validate",
 ]
@@ -226,21 +227,36 @@ _DATA_MIRRORS = {
     "apply_chat_template": "apply_chat_template",
     "apply_chat_template_kwargs": "apply_chat_template_kwargs",
 }
+# reward keys mirrored into args under slime's names
+_REWARD_MIRRORS = {
+    "rm_type": "rm_type",
+    "custom_rm_path": "custom_rm_path",
+    "group_rm": "group_rm",
+    "remote_url": "rm_url",
+}
 
 
 class SlimeArgs:
-    """Read-only attribute view with slime's names (SPEC §6); unknown names raise AttributeError."""
+    """Read-only attribute view with slime's names (SPEC §6); unknown names raise AttributeError.
 
-    __slots__ = ("_values",)
+    `hf_checkpoint` reads as the local model folder (a bundled model name is resolved, and
+    converted once, on first access), as slime plugins load it with `from_pretrained`. Keys of
+    the `slime_args:` mapping read as attributes too (run keys win).
+    """
+
+    __slots__ = ("_values", "_checkpoint")
 
     def __init__(self, values: Mapping[str, Any]) -> None:
         object.__setattr__(self, "_values", dict(values))
+        object.__setattr__(self, "_checkpoint", None)
 
     @classmethod
     def from_config(cls, cfg: Any) -> SlimeArgs:
         """Build the view from a (resolved or not) run config."""
         plain = to_plain(cfg)
         values: dict[str, Any] = {k: v for k, v in plain.items() if k not in ("hydra",)}
+        for key, value in (plain.get("slime_args") or {}).items():
+            values.setdefault(str(key), value)
         ds = plain.get("data_source") or {}
         for src, dst in _DATA_MIRRORS.items():
             if src in ds:
@@ -248,9 +264,9 @@ class SlimeArgs:
         if ds.get("max_prompt_len") is not None:
             values["rollout_max_prompt_len"] = ds["max_prompt_len"]
         reward = plain.get("reward") or {}
-        for key in ("rm_type", "custom_rm_path"):
-            if key in reward:
-                values[key] = reward[key]
+        for src, dst in _REWARD_MIRRORS.items():
+            if src in reward:
+                values[dst] = reward[src]
         adv = plain.get("advantage") or {}
         if "estimator" in adv:
             values["advantage_estimator"] = adv["estimator"]
@@ -269,9 +285,32 @@ class SlimeArgs:
 
     def __getattr__(self, name: str) -> Any:
         try:
-            return self._values[name]
+            value = self._values[name]
         except KeyError:
-            raise AttributeError(f"args has no attribute {name!r} (not a run key or slime mirror)") from None
+            raise AttributeError(missing_arg_message(name)) from None
+        if name == "hf_checkpoint" and value is not None:
+            return self._checkpoint_folder(value)
+        return value
+
+    def _checkpoint_folder(self, name: Any) -> Any:
+        """`hf_checkpoint` as a local folder (resolved once); the name itself when it resolves to
+        nothing (a plugin loading it then fails on the name, as in slime)."""
+        if self._checkpoint is None:
+            from pipeline.engines.assets import CheckpointError, resolve_checkpoint
+
+            paths = self._values.get("paths")
+            cache_dir = paths.get("cache_dir") if isinstance(paths, Mapping) else None
+            try:
+                folder = resolve_checkpoint(name, cache_dir)
+            except CheckpointError as exc:
+                logger.warning("args.hf_checkpoint stays %r: %s", name, exc)
+                folder = name
+            object.__setattr__(self, "_checkpoint", folder)
+        return self._checkpoint
+
+    def replace(self, **changes: Any) -> SlimeArgs:
+        """A new view with some values changed (this one is left as it is)."""
+        return SlimeArgs({**self._values, **changes})
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"args is read-only; cannot set {name!r} (change the config instead)")
@@ -286,11 +325,20 @@ class SlimeArgs:
         return (SlimeArgs, (self._values,))
 
     def as_dict(self) -> dict[str, Any]:
-        """A copy of every value."""
+        """A copy of every value (`hf_checkpoint` as configured, not resolved)."""
         return dict(self._values)
 
     def __repr__(self) -> str:
         return f"SlimeArgs({len(self._values)} keys)"
+
+
+def missing_arg_message(name: str) -> str:
+    """What an `AttributeError` for a slime arg this config lacks says: the key and how to set it."""
+    flag = "--" + name.replace("_", "-")
+    return (f"args has no attribute {name!r}: it is neither a key of this config nor a slime name "
+            f"mirrored from one. If your plugin reads slime's {flag}, set it on the command line "
+            f"with +{name}=<value>, or in your config under slime_args: ({{{name}: <value>}}); "
+            f"README 'Porting from slime' lists the keys that already stand for slime flags")
 
 
 def _eval_prompt_data(datasets: Any) -> list[str] | None:

@@ -21,7 +21,11 @@ _POSITIVE_INTS = ("num_rollout", "rollout_batch_size", "n_samples_per_prompt", "
                   "rollout_max_response_len", "n_samples_per_eval_prompt")
 _BOOLS = ("partial_rollout", "mask_offpolicy_in_partial_rollout", "eval_before_train")
 _HOOK_KEYS = ("custom_reward_post_process_path", "custom_convert_samples_to_train_data_path",
-              "rollout_sample_filter_path", "custom_rollout_log_function_path")
+              "rollout_sample_filter_path", "custom_rollout_log_function_path",
+              "rollout_all_samples_process_path", "custom_eval_rollout_log_function_path",
+              "rollout_data_postprocess_path", "data_source_path")
+# a list of dotted paths (slime: the flag may repeat)
+_HOOK_LIST_KEY = "rollout_sample_hook_path"
 
 
 def _is_int(v: Any) -> bool:
@@ -189,6 +193,16 @@ def _plugins(cfg: dict[str, Any], out: list[str]) -> None:
         v = cfg.get(key)
         if v is not None and (not isinstance(v, str) or "." not in v):
             out.append(f"{key}: expected a dotted path 'pkg.mod.fn' or null, got {v!r}")
+    hooks = cfg.get(_HOOK_LIST_KEY)
+    if not isinstance(hooks, list) or not all(isinstance(x, str) and "." in x for x in hooks):
+        out.append(f"{_HOOK_LIST_KEY}: expected a list of dotted paths like [pkg.mod.fn] ([] for none), "
+                   f"got {hooks!r}")
+    extra = cfg.get("slime_args")
+    if not isinstance(extra, dict):
+        out.append(f"slime_args: expected a mapping of slime arg names to values ({{}} for none), got {extra!r}")
+    else:
+        for key in sorted(set(extra) & (set(cfg) - {"slime_args"})):
+            out.append(f"slime_args.{key}: {key} is a key of this config already; set {key}=... instead")
     lg = cfg.get("logger")
     if isinstance(lg, dict) and "mode" in lg and lg["mode"] not in ("offline", "online", "disabled"):
         out.append(f"logger.mode: expected offline, online or disabled, got {lg['mode']!r}")
@@ -218,6 +232,14 @@ def _targets_to_check(cfg: dict[str, Any]) -> list[tuple[str, str]]:
     for key in _HOOK_KEYS:
         if isinstance(cfg.get(key), str):
             found.append((key, cfg[key]))
+    hooks = cfg.get(_HOOK_LIST_KEY)
+    for i, path in enumerate(hooks if isinstance(hooks, list) else []):
+        if isinstance(path, str):
+            found.append((f"{_HOOK_LIST_KEY}[{i}]", path))
+    for group in ("rollout", "eval"):  # custom generate functions, imported during generation
+        node = cfg.get(group)
+        if isinstance(node, dict) and isinstance(node.get("custom_generate_path"), str):
+            found.append((f"{group}.custom_generate_path", node["custom_generate_path"]))
     reward = cfg.get("reward")
     if isinstance(reward, dict) and isinstance(reward.get("custom_rm_path"), str) and reward["custom_rm_path"] != "???":
         found.append(("reward.custom_rm_path", reward["custom_rm_path"]))
@@ -238,8 +260,8 @@ def _allowlist(cfg: dict[str, Any], out: list[str]) -> None:
 
 
 # ------------------------------------------------------------------ plugin call signatures
-# config key -> (how the pipeline calls the plugin, positional args, keyword args)
-_SIGNATURES: dict[str, tuple[str, int, tuple[str, ...]]] = {
+# config key -> (how the pipeline calls the plugin, positional args (or the accepted counts), keyword args)
+_SIGNATURES: dict[str, tuple[str, int | tuple[int, ...], tuple[str, ...]]] = {
     "filter": ("fn(args, rollout_id, buffer, num_samples) -> list[list[Sample]]", 4, ()),
     "dynamic_filter": ("fn(args, samples) -> DynamicFilterOutput | bool", 2, ()),
     "rollout": ("fn(args, rollout_id, data_source, evaluation=False) -> RolloutFnTrainOutput", 3, ("evaluation",)),
@@ -250,6 +272,11 @@ _SIGNATURES: dict[str, tuple[str, int, tuple[str, ...]]] = {
     "custom_rollout_log_function_path": (
         "fn(rollout_id, args, samples, extra_metrics, rollout_time) -> bool", 5, ()),
     "reward function (custom_rm_path)": ("fn(args, sample) -> reward (or fn(args, samples) with group_rm)", 2, ()),
+    "rollout_sample_hook_path": ("fn(args, sample, *, rollout_id=None, evaluation=False) -> Sample | None", 2, ()),
+    "rollout_all_samples_process_path": ("fn(args, all_samples, data_source) -> None", 3, ()),
+    "custom_eval_rollout_log_function_path": ("fn(rollout_id, args, data, extra_metrics) -> bool", 4, ()),
+    "rollout_data_postprocess_path": ("fn(args, rollout_id, rollout_data) -> None, or fn(args)", (3, 1), ()),
+    "data_source_path": ("cls(args) -> a data source (get_samples, add_samples, save, load)", 1, ()),
 }
 
 
@@ -268,8 +295,12 @@ def check_call_signature(fn: Any, target: str, where: str) -> None:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
         return
-    try:
-        sig.bind(*([None] * n_pos), **{k: False for k in kwargs})
-    except TypeError as exc:
-        raise ConfigError(f"{where}: {target!r} has the signature {sig}, but the pipeline calls it as "
-                          f"{expected} ({exc})") from None
+    problem: TypeError | None = None
+    for n in (n_pos if isinstance(n_pos, tuple) else (n_pos,)):  # any of the accepted call forms
+        try:
+            sig.bind(*([None] * n), **{k: False for k in kwargs})
+            return
+        except TypeError as exc:
+            problem = problem or exc
+    raise ConfigError(f"{where}: {target!r} has the signature {sig}, but the pipeline calls it as "
+                      f"{expected} ({problem})") from None

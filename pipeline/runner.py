@@ -173,8 +173,13 @@ class Pipeline:
             lengths = {k: len(d[k]) for k in ("rewards", "truncated", "samples") if k in d}
             if len(set(lengths.values())) > 1:
                 raise ValueError(f"eval function: dataset {name!r} has unequal lengths {lengths}")
-        metrics = eval_metrics(self.parts.args, out.data)
-        metrics.update({k if "/" in k else f"eval/{k}": v for k, v in (out.metrics or {}).items()})
+        extra = dict(out.metrics or {})
+        # slime's custom eval log hook: True skips the default metrics; the eval function's own
+        # (extra_metrics, which the hook may edit) are logged either way
+        hook = self.parts.eval_rollout_log
+        skip = hook is not None and bool(hook(rollout_id, self.parts.args, out.data, extra))
+        metrics = {} if skip else eval_metrics(self.parts.args, out.data)
+        metrics.update({k if "/" in k else f"eval/{k}": v for k, v in extra.items()})
         metrics["perf/eval_time"] = time.perf_counter() - start
         if self.parts.run_dir is not None:
             for name, d in out.data.items():

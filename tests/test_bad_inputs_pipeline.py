@@ -113,6 +113,16 @@ def reward_one_arg(sample):
     raise AssertionError("never called: the signature is checked when it is loaded")
 
 
+def rollout_reads_loss_mask_type(args, rollout_id, data_source, evaluation=False):
+    """A slime plugin reading a slime arg this config does not define."""
+    assert args.loss_mask_type
+    return _filled(data_source, args)
+
+
+def sample_hook_returns_dict(args, sample):
+    return {"index": sample.index}
+
+
 # ------------------------------------------------------------------------------- helpers
 def _data(tmp: Path, rows: int = 8) -> Path:
     path = tmp / "d.jsonl"
@@ -248,6 +258,10 @@ CASES: dict[str, Callable[[Path], str]] = {
     "hook-wrong-signature": lambda t: _app(t, f"custom_rollout_log_function_path={ME}.log_two_args"),
     "reward-fn-wrong-signature": lambda t: _app(t, "rollout=engine", "reward=custom",
                                                 f"reward.custom_rm_path={ME}.reward_one_arg"),
+    "custom-generate-not-allowed": lambda t: _app(t, "rollout=engine", "rollout.custom_generate_path=os.system"),
+    "unset-slime-arg": lambda t: _app(t, f"rollout.path={ME}.rollout_reads_loss_mask_type"),
+    "sample-hook-bad-return": lambda t: _app(t, "rollout=engine", "rollout.progress=false",
+                                             f"rollout_sample_hook_path=[{ME}.sample_hook_returns_dict]"),
     "rollout-returns-none": lambda t: _app(t, f"rollout.path={ME}.rollout_none"),
     "rollout-wrong-nesting": lambda t: _app(t, f"rollout.path={ME}.rollout_ints"),
     "rollout-wrong-group-size": lambda t: _app(t, f"rollout.path={ME}.rollout_short_group"),

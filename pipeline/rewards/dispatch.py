@@ -15,6 +15,7 @@ The dispatcher sets nothing: the caller assigns `sample.reward`.
 from __future__ import annotations
 
 import asyncio
+import copy
 import functools
 import hashlib
 import inspect
@@ -118,7 +119,7 @@ class RewardDispatcher:
     async def _one_custom(self, args: Any, path: str, sample: Any, out: list[Any], i: int) -> None:
         fn = self._load(args, path)
         try:
-            out[i] = await _maybe_await(fn(args, sample))
+            out[i] = await _maybe_await(fn(_args_for_custom(args), sample))
         except Exception as exc:
             exc.add_note(f"raised by the reward function {path!r} (custom_rm_path) on sample "
                          f"{getattr(sample, 'index', '?')}")
@@ -128,7 +129,7 @@ class RewardDispatcher:
                             idx: list[int]) -> None:
         fn = self._load(args, path)
         try:
-            rewards = await _maybe_await(fn(args, group))
+            rewards = await _maybe_await(fn(_args_for_custom(args), group))
         except Exception as exc:
             exc.add_note(f"raised by the group reward function {path!r} (custom_rm_path)")
             raise
@@ -207,6 +208,20 @@ def _arg(args: Any, name: str, default: Any) -> Any:
     except AttributeError:
         return default
     return default if value is None else value
+
+
+def _args_for_custom(args: Any) -> Any:
+    """The args a custom reward function sees: `custom_rm_path` None, as slime's own dispatcher
+    sees it, so a dispatcher named as the custom reward (slime's `rm_hub.async_rm`, which calls
+    `args.custom_rm_path` when set) grades by rm_type instead of calling itself forever."""
+    if _arg(args, "custom_rm_path", None) is None:
+        return args
+    replace = getattr(args, "replace", None)
+    if callable(replace):  # SlimeArgs
+        return replace(custom_rm_path=None)
+    view = copy.copy(args)  # an argparse / SimpleNamespace stand-in
+    view.custom_rm_path = None
+    return view
 
 
 async def _maybe_await(value: Any) -> Any:

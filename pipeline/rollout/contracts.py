@@ -29,10 +29,12 @@ class PluginOutputError(TypeError):
 
 @dataclass
 class RolloutFnTrainOutput:
-    """Train branch of a rollout function: groups of samples plus optional metrics."""
+    """Train branch of a rollout function: groups of samples plus optional metrics, and (ours,
+    optional) every group it decided on, dropped ones too, for rollout_all_samples_process_path."""
 
     samples: list[list[Sample]]
     metrics: dict[str, Any] | None = None
+    all_samples: list[list[Sample]] | None = None
 
 
 @dataclass
@@ -66,7 +68,8 @@ def as_train_output(value: Any, where: str) -> RolloutFnTrainOutput:
     if isinstance(value, list):
         return RolloutFnTrainOutput(samples=value)
     if hasattr(value, "samples"):
-        return RolloutFnTrainOutput(samples=value.samples, metrics=getattr(value, "metrics", None))
+        return RolloutFnTrainOutput(samples=value.samples, metrics=getattr(value, "metrics", None),
+                                    all_samples=getattr(value, "all_samples", None))
     raise PluginOutputError(
         f"{where} returned {type(value).__name__}; expected RolloutFnTrainOutput(samples=..., "
         f"metrics=...) or a list of groups (list[list[Sample]])"

@@ -15,6 +15,7 @@ from typing import Any
 from pipeline.rollout.async_loop import run_sync
 from pipeline.rollout.contracts import RolloutFnEvalOutput, RolloutFnTrainOutput
 from pipeline.rollout.over_sampling import OverSampler
+from pipeline.rollout.sample_hooks import SampleHooks
 
 __all__ = ["EngineRollout"]
 
@@ -27,7 +28,8 @@ class EngineRollout:
     Runtime parts (injected by `build`): `engine` (an `Engine`), `reward` (an object with
     `async score(args, samples) -> list`, or None to leave rewards unset), `dynamic_filter`
     (`fn(args, samples, **kw) -> DynamicFilterOutput | bool`, or None), `tokenizer` (falls back
-    to `engine.tokenizer`), `evaluator` (an eval function; built from `args` when None).
+    to `engine.tokenizer`), `evaluator` (an eval function; built from `args` when None),
+    `sample_hooks` (slime's rollout sample hooks, `pipeline.rollout.sample_hooks.SampleHooks`).
     The remaining keyword arguments mirror `conf/rollout/engine.yaml`, which documents them.
     """
 
@@ -39,6 +41,7 @@ class EngineRollout:
         dynamic_filter: Any = None,
         tokenizer: Any = None,
         evaluator: Any = None,
+        sample_hooks: SampleHooks | None = None,
         over_sampling: str = "fixed",
         adaptive: dict[str, Any] | None = None,
         carry_surplus: bool = True,
@@ -63,6 +66,7 @@ class EngineRollout:
         # None: the engine's tokenizer, looked up (and the engine started) at the first call
         self.tokenizer = tokenizer
         self.evaluator = evaluator
+        self.sample_hooks = sample_hooks or SampleHooks()
         unknown = sorted(set(adaptive or {}) - set(OverSampler.ADAPTIVE_KEYS))
         if unknown:
             raise ValueError(f"rollout.adaptive: unknown keys {unknown}; expected {list(OverSampler.ADAPTIVE_KEYS)}")
@@ -102,6 +106,7 @@ class EngineRollout:
             self.evaluator = EngineEval.from_args(
                 args, engine=self.engine, reward=self.reward, tokenizer=self.tokenizer,
                 custom_generate_path=self.custom_generate_path, progress=self.progress,
+                sample_hooks=self.sample_hooks,
             )
         return self.evaluator
 

@@ -20,6 +20,7 @@ from typing import Any
 from pipeline.rollout.async_loop import run_sync
 from pipeline.rollout.contracts import RolloutFnEvalOutput
 from pipeline.rollout.rollout_report import Progress, format_summary
+from pipeline.rollout.sample_hooks import SampleHooks
 from pipeline.rollout.sample_generate import (
     GenContext, bind, call_custom_generate, default_generate, is_finished, load_generate_fn,
     resolve_tokenizer, sampling_params_from_args,
@@ -69,6 +70,7 @@ class EngineEval:
         reward: Any = None,
         tokenizer: Any = None,
         custom_generate_path: str | None = None,
+        sample_hooks: SampleHooks | None = None,
         pass_threshold: float = 0.5,
         max_concurrency: int | None = None,
         progress: bool = True,
@@ -84,6 +86,8 @@ class EngineEval:
         # None: the engine's tokenizer, looked up (and the engine started) at the first call
         self.tokenizer = tokenizer
         self.custom_generate_path = custom_generate_path
+        # slime's rollout sample hooks (rollout_sample_hook_path), injected by the app
+        self.sample_hooks = sample_hooks or SampleHooks()
         self.pass_threshold = float(pass_threshold)
         self.max_concurrency = max_concurrency
         self.progress = bool(progress)
@@ -172,6 +176,8 @@ class EngineEval:
                     out = await call_custom_generate(fn, path, args, sample, params, True)
                 else:
                     out = await default_generate(ctx, args, sample, params, True)
+            if self.sample_hooks:
+                out = await self.sample_hooks.apply(args, out, rollout_id=ctx.rollout_id, evaluation=True)
             outs = out if isinstance(out, list) else [out]
             if not group_rm:
                 await score(outs)  # as each sample finishes, concurrently with generation

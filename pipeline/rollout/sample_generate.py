@@ -5,8 +5,10 @@ from the injected tokenizer), continues ABORTED samples from their partial token
 `max_new_tokens` reduced by what they already have, and grows the response with
 `Sample.append_response_tokens`. A custom generate `async fn(args, sample, sampling_params
 [, evaluation])` (slime's signature, `sampling_params` a dict with sglang's keys) may replace it
-per sample (`sample.generate_function_path`) or per run (config). Plugins that only want to wrap
-the default can call `pipeline.rollout.sample_generate.generate(args, sample, sampling_params)`.
+per sample (`sample.generate_function_path`) or per run (config); as in slime it gets
+`evaluation=` only when its signature names that parameter. A synchronous one runs in a worker
+thread. Plugins that only want to wrap the default can call
+`pipeline.rollout.sample_generate.generate(args, sample, sampling_params)`.
 """
 
 from __future__ import annotations
@@ -231,13 +233,16 @@ def bind(ctx: GenContext) -> contextvars.Token:
     return _CURRENT.set(ctx)
 
 
-def _accepts_evaluation(fn: Any) -> bool:
+def _names_evaluation(fn: Any) -> bool:
+    """slime's rule: `evaluation` is passed only to a function whose signature names it."""
     try:
-        params = inspect.signature(fn).parameters
+        return "evaluation" in inspect.signature(fn).parameters
     except (TypeError, ValueError):
         return False
-    return "evaluation" in params or len(params) >= 4 or any(
-        p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def _is_async(fn: Any) -> bool:
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
 
 
 def load_generate_fn(ctx: GenContext, args: Any, path: str) -> Any:
@@ -257,10 +262,17 @@ async def call_custom_generate(
 ) -> Sample | list[Sample]:
     """Call a custom generate and check its output's shape (a Sample or a list of Samples)."""
     params = dict(sampling_params)
-    if _accepts_evaluation(fn):
-        out = await fn(args, sample, params, evaluation=evaluation)
-    else:
-        out = await fn(args, sample, params)
+    kwargs = {"evaluation": evaluation} if _names_evaluation(fn) else {}
+    try:
+        if _is_async(fn):
+            out = await fn(args, sample, params, **kwargs)
+        else:  # a synchronous generate runs in a worker thread, off the rollout's event loop
+            out = await asyncio.to_thread(fn, args, sample, params, **kwargs)
+            if inspect.isawaitable(out):
+                out = await out
+    except Exception as exc:
+        exc.add_note(f"raised by the custom generate {path!r} on sample {getattr(sample, 'index', '?')}")
+        raise
     if is_sample_like(out):
         return out
     if isinstance(out, list) and out and all(is_sample_like(s) for s in out):

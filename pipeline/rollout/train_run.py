@@ -76,6 +76,8 @@ class TrainRun:
         self.tasks: dict[asyncio.Task, _Flight] = {}
         self.finished: dict[int, _Flight] = {}
         self.kept: list[_Flight] = []
+        # every group the dynamic filter decided on, kept or dropped (slime's all_samples)
+        self.decided_flights: list[_Flight] = []
         self.next_order = self.next_decide = 0
         self.submitted = self.dropped = self.accepted = self.decided = 0
         self.count: Counter[str] = Counter()
@@ -114,10 +116,11 @@ class TrainRun:
         elapsed = time.perf_counter() - start
         self.o.over_sampler.end_rollout(self.accepted, self.decided)
         groups = [f.group for f in sorted(self.kept, key=lambda f: first_index(f.group))]
+        all_groups = [f.group for f in sorted(self.decided_flights, key=lambda f: first_index(f.group))]
         metrics = self._metrics(elapsed)
         if self.o.summary:
             logger.info("%s", format_summary(f"rollout {self.rollout_id} done in {elapsed:.2f}s", metrics))
-        return RolloutFnTrainOutput(samples=groups, metrics=metrics)
+        return RolloutFnTrainOutput(samples=groups, metrics=metrics, all_samples=all_groups)
 
     def _full(self) -> bool:
         return len(self.kept) >= self.target
@@ -175,6 +178,7 @@ class TrainRun:
             return
         verdict = self._verdict(flight)
         self.decided += 1
+        self.decided_flights.append(flight)
         remaining = self.submitted - self.dropped
         if verdict is not None and not verdict.keep and not (
             verdict.keep_when_insufficient and remaining <= self.target
@@ -221,6 +225,10 @@ class TrainRun:
                     out = await call_custom_generate(fn, path, self.args, sample, params, False)
                 else:
                     out = await default_generate(self.ctx, self.args, sample, params)
+            # as in slime, not on a sample the abort reached before it was sent to the engine
+            untouched = self.ctx.aborted and out is sample and sample.response_length == before
+            if self.o.sample_hooks and not untouched:
+                out = await self.o.sample_hooks.apply(self.args, out, rollout_id=self.rollout_id, evaluation=False)
             if isinstance(out, list):
                 if all(s.rollout_id is None for s in out):
                     for s in out:  # fan-out siblings share one trajectory id

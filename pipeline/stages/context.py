@@ -17,6 +17,9 @@ class RolloutContext:
     rollout_id: int
     # the nested output of the rollout function (list of groups, possibly deeper for fan-out)
     groups: list[Any] = field(default_factory=list)
+    # every group the rollout decided on (kept and dropped by the dynamic filter; the kept groups
+    # when the rollout function reports nothing more): what rollout_all_samples_process_path gets
+    all_groups: list[Any] = field(default_factory=list)
     # the flat list of samples, after `flatten`
     samples: list[Sample] = field(default_factory=list)
     # slime-keyed train data, after `convert`
@@ -46,5 +49,8 @@ class StageParts:
     convert_to_train_data: Callable[..., Any] | None = None
     rollout_sample_filter: Callable[..., Any] | None = None
     rollout_log: Callable[..., Any] | None = None
+    all_samples_process: Callable[..., Any] | None = None
+    eval_rollout_log: Callable[..., Any] | None = None
+    rollout_data_postprocess: Callable[..., Any] | None = None
     # where train data and sample dumps go (None: nothing is written)
     run_dir: str | None = None

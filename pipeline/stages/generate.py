@@ -1,4 +1,4 @@
-"""Stages: call the rollout function (train branch) and the rollout sample filter hook."""
+"""Stages: call the rollout function (train branch); the rollout sample filter and all-samples hooks."""
 
 from __future__ import annotations
 
@@ -21,15 +21,18 @@ def generate_stage(ctx: RolloutContext, parts: StageParts) -> None:
         raise PluginOutputError(
             f"rollout function: samples is {type(out.samples).__name__}; expected list[list[Sample]]")
     ctx.groups = out.samples
+    ctx.all_groups = out.all_samples if out.all_samples is not None else out.samples
     ctx.extra_metrics = dict(out.metrics or {})
 
 
 def sample_filter_stage(ctx: RolloutContext, parts: StageParts) -> None:
-    """slime's rollout sample filter: `fn(args, groups) -> None`, sets `remove_sample`."""
-    if parts.rollout_sample_filter is None:
-        return
-    result = parts.rollout_sample_filter(parts.args, ctx.groups)
-    if result is not None:
-        raise PluginOutputError(
-            f"rollout sample filter returned {type(result).__name__}; expected None "
-            f"(it marks samples with sample.remove_sample = True in place)")
+    """slime's rollout sample filter `fn(args, groups) -> None` (sets `remove_sample`), then its
+    all-samples process `fn(args, all_samples, data_source) -> None`, in slime's order."""
+    if parts.rollout_sample_filter is not None:
+        result = parts.rollout_sample_filter(parts.args, ctx.groups)
+        if result is not None:
+            raise PluginOutputError(
+                f"rollout sample filter returned {type(result).__name__}; expected None "
+                f"(it marks samples with sample.remove_sample = True in place)")
+    if parts.all_samples_process is not None:
+        parts.all_samples_process(parts.args, ctx.all_groups, parts.data_source)

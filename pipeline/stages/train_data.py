@@ -11,11 +11,13 @@ metadata (each sample's `train_metadata`), multimodal_train_inputs.
 Per-token lists (rollout_log_probs, teacher_log_probs) and rollout_routed_experts are written
 when every sample has them; when only some do, the key is left out with a warning (slime looks
 at the first sample only, so its result depends on the order).
-A custom hook `fn(args, samples) -> dict` replaces this stage.
+A custom hook `fn(args, samples) -> dict` replaces this stage; a rollout data
+post-process hook may then edit the result in place.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections import defaultdict
 from typing import Any
@@ -142,7 +144,8 @@ def to_tensors(train_data: dict[str, Any], pad_token_id: int = 0) -> dict[str, t
 
 
 def train_data_stage(ctx: RolloutContext, parts: StageParts) -> None:
-    """Run the custom convert hook when configured, else `convert_to_train_data`."""
+    """Run the custom convert hook when configured, else `convert_to_train_data`; then slime's
+    rollout data post-process `fn(args, rollout_id, rollout_data)` (or `fn(args)`) on the result."""
     if parts.convert_to_train_data is not None:
         data = parts.convert_to_train_data(parts.args, ctx.samples)
         if not isinstance(data, dict):
@@ -150,3 +153,20 @@ def train_data_stage(ctx: RolloutContext, parts: StageParts) -> None:
         ctx.train_data = data
     else:
         ctx.train_data = convert_to_train_data(parts.args, ctx.samples, ctx.raw_rewards, ctx.rewards)
+    postprocess = parts.rollout_data_postprocess
+    if postprocess is not None:
+        if _positional_count(postprocess) == 1:  # slime's older form
+            postprocess(parts.args)
+        else:
+            postprocess(parts.args, ctx.rollout_id, ctx.train_data)
+
+
+def _positional_count(fn: Any) -> int | None:
+    """How many positional parameters `fn` takes (None: any number, or unknown)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params):
+        return None
+    return sum(p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in params)
