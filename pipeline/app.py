@@ -191,7 +191,8 @@ def _build(plain: dict[str, Any], args: SlimeArgs, allowed: tuple[str, ...], run
     """Build engine, tokenizer, data source, reward, filters, rollout/eval functions, hooks."""
     rollout_cls, eval_cls = _target_of(plain["rollout"], allowed, "rollout"), _target_of(plain["eval"], allowed, "eval")
     consumers = (rollout_cls, eval_cls)
-    ds_node = dict(plain["data_source"])
+    # over_sampling_factor sizes over_sampling_batch_size (conf/config.yaml); not a source argument
+    ds_node = {k: v for k, v in plain["data_source"].items() if k != "over_sampling_factor"}
     if ds_node.get("save_dir") is None:
         ds_node["save_dir"] = os.path.join(run_dir, "checkpoints")
     # engines load their tokenizer lazily (the hf one converts the model on first access), so it

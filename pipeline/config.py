@@ -353,12 +353,16 @@ def _eval_prompt_data(datasets: Any) -> list[str] | None:
 
 
 def validate(cfg: Any) -> None:
-    """Pre-flight check of the whole config; raises ConfigError listing every problem found."""
-    from pipeline.config_rules import collect_problems
+    """Pre-flight check of the whole config; raises ConfigError listing every problem found, and
+    logs a warning for each valid but probably unintended choice (`collect_warnings`)."""
+    from pipeline.config_rules import collect_problems, collect_warnings
 
-    problems = collect_problems(to_plain_lenient(cfg))
+    plain = to_plain_lenient(cfg)
+    problems = collect_problems(plain)
     if problems:
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
+    for warning in collect_warnings(plain):
+        logger.warning("config: %s", warning)
 
 
 def to_plain_lenient(cfg: Any) -> dict[str, Any]:

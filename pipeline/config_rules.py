@@ -12,7 +12,7 @@ import os
 import re
 from typing import Any
 
-__all__ = ["check_call_signature", "collect_problems"]
+__all__ = ["check_call_signature", "collect_problems", "collect_warnings"]
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +70,35 @@ def collect_problems(cfg: dict[str, Any]) -> list[str]:
     return out
 
 
+def collect_warnings(cfg: dict[str, Any]) -> list[str]:
+    """Valid but probably unintended choices in `cfg` (logged by `validate`, not refused)."""
+    out: list[str] = []
+    _buffer_never_filled(cfg, out)
+    return out
+
+
+def _buffer_never_filled(cfg: dict[str, Any], out: list[str]) -> None:
+    """A buffered source under the engine rollout that nothing can ever put a group into."""
+    if not str(_target(cfg.get("data_source")) or "").endswith("BufferedDataSource"):
+        return
+    rollout = cfg.get("rollout")
+    if not str(_target(rollout) or "").endswith("EngineRollout") or cfg.get("partial_rollout") is True:
+        return  # a rollout function of its own may call add_samples; partial rollouts fill it
+    rbs, osb = cfg.get("rollout_batch_size"), cfg.get("over_sampling_batch_size")
+    adaptive = rollout.get("over_sampling") == "adaptive"
+    no_surplus = _target(cfg.get("dynamic_filter")) is None and (
+        adaptive or (_is_int(rbs) and _is_int(osb) and osb <= rbs))
+    if rollout.get("carry_surplus") is False or no_surplus:
+        sizing = "rollout.over_sampling=adaptive" if adaptive else f"over_sampling_batch_size={osb} = rollout_batch_size"
+        why = ("rollout.carry_surplus=false" if rollout.get("carry_surplus") is False else
+               f"{sizing} and dynamic_filter=none: every round fetches just what the batch is missing "
+               f"and keeps all of it")
+        out.append(f"data_source=buffered, but nothing will ever enter the buffer ({why}; "
+                   f"partial_rollout=false): the buffer filter has nothing to serve. Over-sample "
+                   f"(data_source.over_sampling_factor=3 or over_sampling_batch_size > "
+                   f"rollout_batch_size), pick a dynamic filter, or set partial_rollout=true")
+
+
 def _advantage(cfg: dict[str, Any], out: list[str]) -> None:
     from pipeline.stages.advantages import ESTIMATORS, GROUP_MODES, MEAN_SUBTRACTING
 
@@ -107,9 +136,11 @@ def _sizes(cfg: dict[str, Any], out: list[str]) -> None:
     rbs, osb = cfg.get("rollout_batch_size"), cfg.get("over_sampling_batch_size")
     if _is_int(rbs) and _is_int(osb) and osb < rbs:
         out.append(f"over_sampling_batch_size: {osb} must be >= rollout_batch_size ({rbs})")
-    factor = (cfg.get("dynamic_filter") or {}).get("over_sampling_factor", 1)
-    if not _is_num(factor) or factor < 1:
-        out.append(f"dynamic_filter.over_sampling_factor: expected a number >= 1, got {factor!r}")
+    for group in ("dynamic_filter", "data_source"):
+        node = cfg.get(group)
+        factor = node.get("over_sampling_factor", 1) if isinstance(node, dict) else 1
+        if not _is_num(factor) or factor < 1:
+            out.append(f"{group}.over_sampling_factor: expected a number >= 1, got {factor!r}")
     for key in _BOOLS:
         if not isinstance(cfg.get(key), bool):
             out.append(f"{key}: expected true or false, got {cfg.get(key)!r}")

@@ -81,6 +81,18 @@ _COLUMNS = (("reward", "rollout/raw_reward", ".3f"), ("pass", "rollout/pass_rate
             ("len", "rollout/response_len/mean", ".1f"), ("dropped", "rollout/groups_dropped", ".0f"),
             ("buffer", "rollout/buffer_size", ".0f"), ("time s", "perf/rollout_time", ".2f"))
 
+
+def _value(metrics: dict[str, Any], key: str, spec: str) -> str:
+    """One cell; the buffer size shows its traffic, `8 (+6 -4)`: groups that entered the buffer
+    (`rollout/groups_to_buffer`) and that it served (`rollout/groups_from_buffer`) this rollout."""
+    cell = _cell(_num(metrics, key), spec)
+    if key == "rollout/buffer_size":
+        to, served = _num(metrics, "rollout/groups_to_buffer"), _num(metrics, "rollout/groups_from_buffer")
+        if to or served:
+            cell += f" (+{to or 0:.0f} -{served or 0:.0f})"
+    return cell
+
+
 # rows of the end-of-run table (the newest rollouts)
 _MAX_ROWS = 12
 
@@ -99,7 +111,7 @@ class RunProgress:
         self.rows.append((rollout_id, metrics))
         width = len(str(self.num_rollout - 1))
         parts = [f"rollout {rollout_id:>{width}} of 0..{self.num_rollout - 1}"]
-        parts += [f"{name} {_cell(_num(metrics, key), fmt)}" for name, key, fmt in _COLUMNS]
+        parts += [f"{name} {_value(metrics, key, fmt)}" for name, key, fmt in _COLUMNS]
         parts += [f"{k} {v:.3f}" for k, v in sorted(metrics.items())
                   if k.startswith("eval/") and "-" not in k and isinstance(v, float)]
         progress_logger.info(" | ".join(parts))
@@ -111,7 +123,7 @@ class RunProgress:
         if len(self.rows) > _MAX_ROWS:
             lines.append(f"| ({len(self.rows) - _MAX_ROWS} earlier rollouts: see metrics.jsonl) |" + " |" * len(_COLUMNS))
         for rollout_id, m in self.rows[-_MAX_ROWS:]:
-            lines.append("| " + " | ".join([str(rollout_id)] + [_cell(_num(m, k), f) for _, k, f in _COLUMNS]) + " |")
+            lines.append("| " + " | ".join([str(rollout_id)] + [_value(m, k, f) for _, k, f in _COLUMNS]) + " |")
         rewards = [r for _, m in self.rows if (r := _num(m, "rollout/raw_reward")) is not None]
         mean = f"mean reward {sum(rewards) / len(rewards):.3f}, " if rewards else ""
         lines += ["", f"{len(self.rows)} rollouts, {mean}{time.perf_counter() - self._start:.1f} s. "

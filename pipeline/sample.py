@@ -38,7 +38,7 @@ class Sample:
     multimodal_train_inputs: dict[str, Any] | None = None
     response: str = ""
     response_length: int = 0
-    label: str | None = None
+    label: Any = None  # any JSON value: a string, number, list or dict
     reward: float | dict[str, Any] | None = None
     loss_mask: list[int] | None = None
     weight_versions: list[str] = field(default_factory=list)

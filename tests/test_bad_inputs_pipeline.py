@@ -123,6 +123,10 @@ def sample_hook_returns_dict(args, sample):
     return {"index": sample.index}
 
 
+async def reward_dict(args, sample):
+    return {"acc": float(sample.index % 2)}
+
+
 # ------------------------------------------------------------------------------- helpers
 def _data(tmp: Path, rows: int = 8) -> Path:
     path = tmp / "d.jsonl"
@@ -200,6 +204,12 @@ def _unknown_rm_type(tmp: Path) -> str:
     return _app(tmp, "rollout=engine")
 
 
+def _rows(tmp: Path, rows: list[dict[str, Any]], *extra: str) -> str:
+    """The app on a data file of `rows` (what `_data` would write is replaced)."""
+    _data(tmp).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return _app(tmp, *extra)
+
+
 def _no_checkpoints(tmp: Path) -> str:
     (tmp / "empty").mkdir()
     return _app(tmp, f"resume={tmp}/empty")
@@ -271,6 +281,11 @@ CASES: dict[str, Callable[[Path], str]] = {
     "non-numeric-reward": lambda t: _app(t, f"rollout.path={ME}.rollout_str_reward"),
     "dict-reward-no-reward-key": lambda t: _app(t, f"rollout.path={ME}.rollout_dict_reward"),
     "dict-reward-missing-key": lambda t: _app(t, f"rollout.path={ME}.rollout_dict_reward", "reward_key=score"),
+    "dict-reward-dynamic-filter": lambda t: _app(t, "rollout=engine", "dynamic_filter=nonzero_std", "reward=custom",
+                                                 f"reward.custom_rm_path={ME}.reward_dict"),
+    "empty-prompt": lambda t: _rows(t, [{"input": "What is 1 + 1?", "label": "2"}, {"input": "", "label": "3"}]),
+    "dict-label": lambda t: _rows(t, [{"input": f"What is {i} + 1?", "label": {"answer": i + 1, "points": 3}}
+                                      for i in range(8)], "rollout=engine"),
     "loss-mask-length": lambda t: _app(t, f"rollout.path={ME}.rollout_bad_mask"),
     # checkpoints and resume
     "resume-not-a-dir": lambda t: _app(t, f"resume={t}/nope"),

@@ -129,7 +129,8 @@ def test_data_source_filter_product(ds, filt, workdir):
     plain = to_plain(cfg)
     allowed = allowed_targets(plain)
     f = build(plain["filter"], allowed=allowed)
-    source = build(dict(plain["data_source"], save_dir=str(workdir / "ck")), allowed=allowed,
+    node = {k: v for k, v in plain["data_source"].items() if k != "over_sampling_factor"}  # as the app does
+    source = build(dict(node, save_dir=str(workdir / "ck")), allowed=allowed,
                    args=SlimeArgs.from_config(plain), buffer_filter=f, tokenizer=ByteTokenizer())
     groups = source.get_samples(2)
     assert groups[0][0].prompt.startswith("user: What is")  # chat template of the tokenizer given
@@ -168,6 +169,8 @@ def test_data_source_filter_product(ds, filt, workdir):
      "dynamic_filter.over_sampling_factor: expected a number >= 1, got 0.5"),
     ("dynamic_filter=nonzero_std dynamic_filter.over_sampling_factor=x",
      r"over_sampling_batch_size: expected a positive integer, got \"4 x 'x' \(not numbers\)\""),
+    ("data_source=buffered data_source.over_sampling_factor=0",
+     "data_source.over_sampling_factor: expected a number >= 1, got 0"),
 ])
 def test_validate_names_key_and_expectation(override, message, workdir):
     extra = override.split()

@@ -108,6 +108,8 @@ class PromptDataset:
         if not isinstance(prompt, (str, list)):
             return (f"prompt key {self.input_key!r} must be a string or a list of messages, "
                     f"got {type(prompt).__name__}")
+        if not prompt or (isinstance(prompt, str) and not prompt.strip()):
+            return f"prompt key {self.input_key!r} is empty ({prompt!r}); expected a prompt to generate from"
         if self.label_key is not None and row.get(self.label_key) is None:
             return f"label key {self.label_key!r} is missing or null (label_key is set)"
         if self.metadata_key is not None and row.get(self.metadata_key) is not None:
@@ -149,6 +151,11 @@ class PromptDataset:
             return np.arange(n)
         bad = np.zeros(n, dtype=bool)
         _or_mask(bad, pc.is_null(col), col.null_count)
+        if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
+            empty = pc.equal(pc.list_value_length(col), 0)
+        else:  # empty or whitespace-only text
+            empty = pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(col)), 0)
+        _or_mask(bad, pc.fill_null(empty, False), pc.sum(empty).as_py() or 0)
         if self.label_key is not None:
             if self.label_key not in names:
                 return np.arange(n)
@@ -164,7 +171,7 @@ class PromptDataset:
     def _data_key(self) -> dict[str, Any]:
         return {"files": [f.sha256 for f in self.store.files], "slice": str(parse_data_path(self.path)[1]),
                 "keys": [self.input_key, self.label_key, self.metadata_key, self.tool_key],
-                "skip_bad_rows": self.skip_bad_rows, "version": 1}
+                "skip_bad_rows": self.skip_bad_rows, "version": 2}
 
     def _valid_rows(self) -> np.ndarray:
         """Validated row positions, from the index cache when this data was seen before."""
@@ -241,9 +248,9 @@ class PromptDataset:
         input_key, label_key, metadata_key, tool_key = self.input_key, self.label_key, self.metadata_key, self.tool_key
         for row in rows:
             prompt = row[input_key]
+            # any JSON value (string, number, list, dict) stays as it is; rewards that grade
+            # text pick or check it (pipeline.rewards.dispatch.grading_label)
             label = row.get(label_key) if label_key is not None else None
-            if label.__class__ in (int, float):
-                label = str(label)  # slime reads labels as strings
             meta = row.get(metadata_key) if metadata_key is not None else None
             if isinstance(meta, str):
                 meta = json.loads(meta)

@@ -137,6 +137,8 @@ class PlainDataSource(CheckpointMixin):
         self.current_rollout_id: int | None = None
         # free-form state a rollout function may keep here; saved with the checkpoint (slime)
         self.metadata: dict[str, Any] = {}
+        # a request larger than the dataset was logged (once per source)
+        self._wrap_noted = False
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -214,6 +216,13 @@ class PlainDataSource(CheckpointMixin):
     def get_samples(self, num_groups: int, rollout_id: int | None = None) -> list[list[Sample]]:
         """The next `num_groups` prompts as groups of `n_samples_per_prompt` fresh samples."""
         num_groups = self._check_num(num_groups)
+        if num_groups > len(self.dataset) and not self._wrap_noted:
+            self._wrap_noted = True
+            logger.warning(
+                "%s: a request for %d groups is larger than the dataset (%d prompts): the epoch wraps "
+                "inside one batch, so the same prompts appear more than once in it (noted once; lower "
+                "rollout_batch_size / over_sampling_batch_size or add prompts)",
+                self.dataset.path, num_groups, len(self.dataset))
         return self._groups(self._next_rows(num_groups))
 
     def add_samples(self, groups: list[list[Sample]]) -> None:

@@ -31,7 +31,7 @@ from pipeline.rewards.remote import RemoteReward
 from pipeline.rewards.rm_types import RM_TYPES, rm_type_problem, split_rm_type
 from pipeline.rewards.text_rules import f1_reward, grade_gpqa
 
-__all__ = ["RewardDispatcher", "BUILTIN_RM_TYPES"]
+__all__ = ["RewardDispatcher", "BUILTIN_RM_TYPES", "grading_label"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +54,7 @@ class RewardDispatcher:
         grade_timeout_s: float = 10.0,
         grade_workers: int = 2,
         timeout_reward: float = 0.0,
+        label_field: str | None = None,
     ) -> None:
         self.rm_type = rm_type
         self.custom_rm_path = custom_rm_path
@@ -64,6 +65,7 @@ class RewardDispatcher:
         self.grade_timeout_s = grade_timeout_s
         self.grade_workers = grade_workers
         self.timeout_reward = timeout_reward
+        self.label_field = label_field
         self._pool: ThreadPoolExecutor | None = None
         self._remote: RemoteReward | None = None
         self._fns: dict[str, Any] = {}
@@ -167,18 +169,15 @@ class RewardDispatcher:
         elif base == "gpqa":
             out[i] = grade_gpqa(response, sample.label, metadata)
         elif base == "dapo":
-            out[i] = grade_dapo(response, sample.label)
+            out[i] = grade_dapo(response, grading_label(sample, self.label_field, base))
         else:  # math, deepscaler, ifbench: may be slow, so they run in the pool with a timeout
             out[i] = await self._in_pool(sample, base, response, boxed, metadata)
 
     async def _in_pool(self, sample: Any, base: str, response: str, boxed: bool, metadata: dict[str, Any]) -> Any:
-        if base in ("math", "deepscaler") and sample.label is None:
-            raise ValueError(f"sample {sample.index}: the {base} reward needs a label (set "
-                             f"data_source.label_key)")
         if base == "math":
-            call = functools.partial(grade, response, sample.label, boxed)
+            call = functools.partial(grade, response, grading_label(sample, self.label_field, base), boxed)
         elif base == "deepscaler":
-            call = functools.partial(grade_deepscaler, response, sample.label)
+            call = functools.partial(grade_deepscaler, response, grading_label(sample, self.label_field, base))
         else:
             call = functools.partial(grade_ifbench, response, sample.label, metadata)
         if self._pool is None:
@@ -197,6 +196,28 @@ class RewardDispatcher:
             url = self.remote_url or _arg(args, "rm_url", None)
             self._remote = RemoteReward(url, **self._remote_kwargs)
         return self._remote
+
+
+def grading_label(sample: Any, label_field: str | None, reward: str) -> str | int | float:
+    """The label a text-grading reward compares with: `sample.label`, or its `label_field` entry
+    when the label is a dict (`reward.label_field`). Labels stay JSON values end to end, so a
+    dict or list label (or a missing one) is a clear error naming the sample, not graded as text."""
+    label = getattr(sample, "label", None)
+    where = f"sample {getattr(sample, 'index', '?')} (group {getattr(sample, 'group_index', '?')})"
+    if label_field is not None:
+        if not isinstance(label, dict) or label_field not in label:
+            keys = f"its keys are {sorted(label)}" if isinstance(label, dict) else f"it is a {type(label).__name__}"
+            raise ValueError(f"{where}: reward.label_field={label_field!r} picks an entry of a dict label, "
+                             f"but the label is {label!r:.200} ({keys})")
+        label = label[label_field]
+    if label is None:
+        raise ValueError(f"{where}: the {reward} reward needs a label (set data_source.label_key)")
+    if isinstance(label, bool) or not isinstance(label, (str, int, float)):
+        hint = (f"set reward.label_field=<key> to grade one entry (keys: {sorted(label)})" if isinstance(label, dict)
+                else "grade it with a reward function of your own (reward=custom)")
+        raise ValueError(f"{where}: the {reward} reward compares the answer with a string or number "
+                         f"label, but the label is a {type(label).__name__}: {label!r:.200}; {hint}")
+    return label
 
 
 def _arg(args: Any, name: str, default: Any) -> Any:

@@ -12,13 +12,16 @@ from typing import Any
 import torch
 
 from pipeline.rollout.contracts import DynamicFilterOutput
+from pipeline.stages.advantages import raw_reward_values
 
 __all__ = ["check_reward_nonzero_std", "check_reward_nonzero_std_with_fallback"]
 
 
 def check_reward_nonzero_std(args: Any, samples: list[Any], **kwargs: Any) -> DynamicFilterOutput:
     """Keep a group iff the float32 std of its rewards is > 0 (always keep one-sample groups)."""
-    rewards = [s.get_reward_value(args) for s in samples]
+    # numbers checked first: a dict reward without reward_key gets the message the advantage
+    # stage gives ("... is not a number; set reward_key=<name> for dict rewards")
+    rewards = raw_reward_values(args, samples)
     if len(rewards) < 2:
         return DynamicFilterOutput(keep=True)
     keep = bool(torch.tensor(rewards, dtype=torch.float).std() > 0.0)

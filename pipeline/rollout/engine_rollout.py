@@ -45,6 +45,7 @@ class EngineRollout:
         over_sampling: str = "fixed",
         adaptive: dict[str, Any] | None = None,
         carry_surplus: bool = True,
+        finish_surplus: bool = True,
         surplus_max_staleness: int = 1,
         custom_generate_path: str | None = None,
         deterministic: bool = False,
@@ -72,6 +73,7 @@ class EngineRollout:
             raise ValueError(f"rollout.adaptive: unknown keys {unknown}; expected {list(OverSampler.ADAPTIVE_KEYS)}")
         self.over_sampler = OverSampler(mode=over_sampling, **dict(adaptive or {}))
         self.carry_surplus = bool(carry_surplus)
+        self.finish_surplus = bool(finish_surplus)
         self.surplus_max_staleness = int(surplus_max_staleness)
         self.custom_generate_path = custom_generate_path
         self.deterministic = bool(deterministic)

@@ -5,9 +5,11 @@ see `over_sampling`), fetch groups and submit each as a task that
 generates its samples concurrently and scores each sample as soon as it finishes. As groups
 finish, the dynamic filter keeps or drops them (drop iff not keep and not (keep_when_insufficient
 and remaining ≤ target)). When the batch is full, in-flight generation is aborted; unfinished
-groups go back to the buffer with partial_rollout, completed surplus groups are carried to the
-next rollout when the source is buffered (a completed group older than `surplus_max_staleness`
-rollouts is regenerated instead of reused).
+groups go back to the buffer with partial_rollout (without it: dropped, or back as fresh prompts
+when nothing of them was generated yet), completed surplus groups are carried to the next
+rollout when the source is buffered (a completed group older than `surplus_max_staleness`
+rollouts is regenerated instead of reused). A buffered source without partial_rollout lets the
+groups in flight finish instead (`finish_surplus`): the over-sampled rounds fill its buffer.
 
 Deterministic mode: per-sample seeds come from (seed, group_index, position); each fetch is
 submitted in index order and groups are decided strictly in that order, so the batch is the
@@ -133,7 +135,10 @@ class TrainRun:
             if shortfall <= 1e-6:
                 return
             k = sampler.fetch_size(self.target, self.osb, shortfall, self.accepted, self.decided)
+            buffered_ids = self._buffered_ids()
             groups = self.data_source.get_samples(k)
+            if buffered_ids:
+                self.count["groups_from_buffer"] += sum(id(flatten_group(g)[0]) in buffered_ids for g in groups if g)
             if not groups:
                 raise RuntimeError(f"rollout {self.rollout_id}: the data source returned no groups "
                                    f"when asked for {k}")
@@ -148,6 +153,11 @@ class TrainRun:
                 self.next_order += 1
                 self.tasks[asyncio.create_task(self._run_group(flight))] = flight
                 self.submitted += 1
+
+    def _buffered_ids(self) -> set[int]:
+        """ids of the first sample of every group in the source's buffer (to count what it serves)."""
+        buffer = getattr(self.data_source, "buffer", None) if self.buffered else None
+        return {id(g[0]) for g in buffer or () if isinstance(g, list) and g}
 
     def _decide_ready(self) -> None:
         """Decide finished groups: strictly in submission order when deterministic."""
@@ -248,6 +258,12 @@ class TrainRun:
 
     # ------------------------------------------------------------------ end of rollout
     async def _finish(self) -> None:
+        if self.tasks and self._finishes_surplus():
+            await asyncio.gather(*self.tasks)  # the over-sampled groups complete: buffered surplus
+            self.count["surplus_groups_finished"] = len(self.tasks)
+            for flight in self.tasks.values():
+                self.finished[flight.order] = flight
+            self.tasks.clear()
         self.ctx.aborted = True
         if self.tasks:
             await self.o.engine.abort_all()
@@ -264,6 +280,12 @@ class TrainRun:
         self.finished.clear()
         if self._pending_buffer:
             self.data_source.add_samples(self._pending_buffer)
+        self.count["groups_to_buffer"] = len(self._pending_buffer)
+
+    def _finishes_surplus(self) -> bool:
+        """Whether groups in flight when the batch fills finish instead of being aborted."""
+        return (self.o.finish_surplus and self.buffered and self.o.carry_surplus and not self.o.deterministic
+                and not getattr(self.args, "partial_rollout", False))
 
     def _mark_start(self, samples: list[Any]) -> None:
         for s in samples:
@@ -287,7 +309,13 @@ class TrainRun:
             self.count["wasted_tokens"] += flight.tokens
 
     def _park_unfinished(self, flight: _Flight, pending: list[list[Any]]) -> None:
-        if not getattr(self.args, "partial_rollout", False):
+        """An unfinished group: to the buffer to be continued (partial_rollout), to the buffer as
+        fresh prompts (buffered source without partial_rollout, when nothing of it was generated
+        yet, or always in deterministic mode: no prompt is lost), else dropped."""
+        partial = bool(getattr(self.args, "partial_rollout", False))
+        restart = not partial and self.buffered and self.o.carry_surplus and (
+            self.o.deterministic or self._unstarted(flight))
+        if not partial and not restart:
             self.count["aborted_groups_dropped"] += 1
             self.count["wasted_tokens"] += flight.tokens
             return
@@ -296,7 +324,7 @@ class TrainRun:
             if isinstance(item, list):  # a fan-out cannot be continued: restart its sample
                 item = flight.originals[pos]
                 reset_sample(item)
-            elif self.o.deterministic:
+            elif self.o.deterministic or restart:
                 # what got generated before the abort depends on timing; seeded regeneration does not
                 reset_sample(item)
             group.append(item)
@@ -304,7 +332,12 @@ class TrainRun:
             self.count["wasted_tokens"] += flight.tokens
         self._mark_start(group)
         pending.append(group)
-        self.count["aborted_groups_to_buffer"] += 1
+        self.count["aborted_groups_to_buffer" if partial else "aborted_groups_restarted"] += 1
+
+    @staticmethod
+    def _unstarted(flight: _Flight) -> bool:
+        """Nothing of the group was generated (it was fetched, then aborted before its turn)."""
+        return flight.tokens == 0 and all(not isinstance(s, list) and not s.response_length for s in flight.group)
 
     async def _cancel_all(self) -> None:
         self.ctx.aborted = True
@@ -319,8 +352,10 @@ class TrainRun:
 
     def _metrics(self, elapsed: float) -> dict[str, Any]:
         m: dict[str, Any] = {f"rollout/{k}": 0 for k in (
-            "aborted_groups_to_buffer", "aborted_groups_dropped", "surplus_groups_carried",
-            "surplus_groups_dropped", "surplus_groups_reused", "stale_groups_regenerated", "wasted_tokens")}
+            "aborted_groups_to_buffer", "aborted_groups_dropped", "aborted_groups_restarted",
+            "surplus_groups_carried", "surplus_groups_dropped", "surplus_groups_finished", "surplus_groups_reused",
+            "stale_groups_regenerated",
+            "groups_from_buffer", "groups_to_buffer", "wasted_tokens")}
         m.update({f"rollout/{k}": v for k, v in self.count.items()})
         m["rollout/groups_submitted"] = self.submitted
         m["rollout/groups_dropped"] = self.dropped

@@ -61,7 +61,7 @@ def test_custom_keys_tools_and_metadata(tmp_path: Path) -> None:
     ]
     ds = PromptDataset(write_jsonl(tmp_path / "k.jsonl", rows), input_key="question", label_key="answer",
                        metadata_key="info", tool_key="fns")
-    assert ds.fields(0) == ("a", "3", {"rm_type": "math", "tools": [{"name": "f"}]})
+    assert ds.fields(0) == ("a", 3, {"rm_type": "math", "tools": [{"name": "f"}]})  # labels stay JSON values
     assert ds.fields(1) == ("b", "x", {"tools": [{"name": "g"}]})
     assert ds.fields(2) == ("c", "y", {})
 
@@ -80,13 +80,13 @@ def test_chat_template_renders_with_tools(tmp_path: Path, tokenizer_dir: str) ->
 
 
 def test_length_filter_keeps_order_and_counts_like_slime(tmp_path: Path, tokenizer_dir: str) -> None:
-    words = [" ".join(f"w{j}" for j in range(n)) for n in [3, 7, 1, 5, 5, 6, 0]]
+    words = [" ".join(f"w{j}" for j in range(n)) for n in [3, 7, 1, 5, 5, 6, 2]]
     path = write_jsonl(tmp_path / "l.jsonl", [{"input": w} for w in words])
     ds = PromptDataset(path, tokenizer=tokenizer_dir, max_prompt_len=5)
     assert prompts(ds) == [words[i] for i in (0, 2, 3, 4, 6)] and ds.too_long == 2
     handle = TokenizerHandle(tokenizer_dir)
     slime_counts = [len(handle.obj.encode(w, add_special_tokens=False)) for w in words]
-    assert handle.count(words).tolist() == slime_counts == [3, 7, 1, 5, 5, 6, 0]
+    assert handle.count(words).tolist() == slime_counts == [3, 7, 1, 5, 5, 6, 2]
 
 
 def test_length_filter_with_chat_template(tmp_path: Path, tokenizer_dir: str) -> None:
@@ -107,7 +107,7 @@ def test_length_cache_warm_start_does_no_tokenisation(tmp_path: Path, tokenizer_
         return out
 
     monkeypatch.setattr(TokenizerHandle, "count", counting)
-    path = write_jsonl(tmp_path / "w.jsonl", [{"input": " ".join(["w1"] * (i % 9))} for i in range(50)])
+    path = write_jsonl(tmp_path / "w.jsonl", [{"input": " ".join(["w1"] * (1 + i % 9))} for i in range(50)])
     cache = tmp_path / "cache"
     cold = PromptDataset(path, tokenizer=tokenizer_dir, max_prompt_len=4, cache_dir=cache)
     assert calls == [50]
@@ -115,7 +115,7 @@ def test_length_cache_warm_start_does_no_tokenisation(tmp_path: Path, tokenizer_
     warm = PromptDataset(path, tokenizer=tokenizer_dir, max_prompt_len=4, cache_dir=cache)
     assert calls == [50]
     assert warm.tokenizer is not None and warm.tokenizer._obj is None  # not even loaded
-    assert np.array_equal(cold.rows, warm.rows) and len(warm) == sum(i % 9 <= 4 for i in range(50))
+    assert np.array_equal(cold.rows, warm.rows) and len(warm) == sum(1 + i % 9 <= 4 for i in range(50))
     # another max length reuses the cached lengths; changed data does not
     PromptDataset(path, tokenizer=tokenizer_dir, max_prompt_len=2, cache_dir=cache)
     assert calls == [50]

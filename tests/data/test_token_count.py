@@ -73,7 +73,7 @@ def test_counts_equal_full_tokenisation(bpe_folder: str) -> None:
 @pytest.mark.timeout(120)
 def test_kept_rows_equal_full_tokenisation(tmp_path: Path, bpe_folder: str) -> None:
     folder = bpe_folder
-    texts = adversarial_texts(3000, seed=7)
+    texts = [t for t in adversarial_texts(3000, seed=7) if t.strip()]  # a blank prompt is a bad row
     path = write_jsonl(tmp_path / "p.jsonl", [{"input": t} for t in texts])
     handle = TokenizerHandle(folder)
     full = [len(handle.obj.encode(t, add_special_tokens=False)) for t in texts]
