@@ -9,6 +9,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+import logging
+
 import pytest
 
 from pipeline.data.buffer_filters import OldestFirst, group_mean_reward, oldest_first, pop_first, reward_topk
@@ -120,13 +122,16 @@ def test_oldest_first_group_age_is_its_oldest_sample():
     assert serve(OldestFirst(), buf, 3, rollout_id=4) == (["mixed", "two", "half"], [])
 
 
-def test_oldest_first_staleness_bound_is_inclusive_and_counted():
+def test_oldest_first_staleness_bound_is_inclusive_and_counted(caplog):
+    caplog.set_level(logging.INFO, logger="pipeline.data.buffer_filters")
     filt = oldest_first(max_staleness=2)
     # at rollout 5: started at 3 is 2 old (kept), at 2 is 3 old (dropped), never started is kept
     buf = [group("s2", start=(2, 2)), group("s3", start=(3, 3)), group("fresh"), group("s5", start=(5, 5)),
            group("s1", start=(1, 4))]
     assert serve(filt, buf, 1, rollout_id=5) == (["s3"], ["fresh", "s5"])
     assert filt.dropped == 2 and filt.metrics() == {"buffer/stale_dropped": 2.0}
+    assert [r.getMessage() for r in caplog.records if r.name == "pipeline.data.buffer_filters"] == [
+        "oldest_first: dropped 2 groups staler than 2 rollouts at rollout 5"]
     # later drops add to the count
     buf += [group("s6", start=(6, 6))]
     assert serve(filt, buf, 5, rollout_id=8) == (["s6", "fresh"], [])

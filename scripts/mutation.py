@@ -1,0 +1,180 @@
+"""Mutation testing of the modules that carry the pipeline's promises (mutmut; not in CI: slow).
+
+    python scripts/mutation.py                                  # every covered module
+    python scripts/mutation.py pipeline/data/order.py ...       # some of them
+    python scripts/mutation.py --list                           # the module -> tests map
+
+Each module runs on its own, against only the fast unit tests that pin it (`MODULES`), in a
+scratch copy of the repo under `.mutation/<module>/` (mutmut writes its mutated tree there;
+the working tree is never touched). One worker, one torch thread. The report
+(killed / survived / timeout per module, each survivor with its diff) goes to stdout and to
+`.mutation/report.md`. docs/mutation.md explains how to read it and lists the known survivors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+logger = logging.getLogger("mutation")
+
+ROOT = Path(__file__).resolve().parent.parent
+WORK = ROOT / ".mutation"
+
+# module -> (the fast tests that pin it, mutant-name globs to restrict to some functions or None)
+MODULES: dict[str, tuple[list[str], list[str] | None]] = {
+    "pipeline/data/order.py": (["tests/data/test_order.py", "tests/data/test_epoch_cursor.py"], None),
+    "pipeline/data/sources.py": (["tests/data/test_sources.py", "tests/data/test_epoch_cursor.py",
+                                  "tests/data/test_buffer_filter_order.py"], None),
+    "pipeline/data/buffer_filters.py": (["tests/data/test_buffer_filter_order.py", "tests/data/test_sources.py"],
+                                        None),
+    # (test_checkpoint_crash.py kills a real subprocess: too slow to run per mutant)
+    "pipeline/data/checkpoint.py": (["tests/data/test_checkpoint.py"], None),
+    "pipeline/atomic.py": (["tests/data/test_checkpoint.py"], None),
+    "pipeline/stages/advantages.py": (["tests/pipeline/test_pipeline_stages.py"], None),
+    "pipeline/stages/train_data.py": (["tests/pipeline/test_pipeline_stages.py"], None),
+    "pipeline/stages/log.py": (["tests/pipeline/test_pipeline_stages.py",
+                                "tests/pipeline/test_rollout_metrics_asymmetric.py"], None),
+    "pipeline/rollout/dynamic_filters.py": (["tests/rollout/test_engine_rollout.py",
+                                             "tests/rollout/test_plugins_and_adaptive.py"], None),
+    "pipeline/rollout/sample_generate.py": (["tests/rollout/test_deterministic_seeds.py",
+                                             "tests/rollout/test_engine_rollout.py"], None),
+    "pipeline/rollout/train_run.py": (["tests/rollout/test_engine_rollout.py",
+                                       "tests/rollout/test_deterministic_seeds.py"], None),
+    # the allowlist part of the plugin builder
+    "pipeline/config.py": (["tests/test_security.py", "tests/pipeline/test_pipeline_config.py"],
+                           [f"pipeline.config.x_{fn}__mutmut_*" for fn in (
+                               "_allowed_prefixes", "check_allowed", "load_object", "_check_origin", "_check_tree",
+                               "allowed_targets")]),
+}
+
+# copied into the scratch tree (tests read bundled configs and prompt files by path)
+COPY = ["pipeline", "tests", "conf", "data", "examples", "run.py", "README.md", "docs"]
+# mutmut exit codes -> the report's columns (mutmut.stats.status_by_exit_code, abridged)
+STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped",
+          36: "timeout", 24: "timeout", -24: "timeout", 152: "timeout", 255: "timeout", None: "not checked"}
+
+
+def slug(module: str) -> str:
+    return module.replace("/", "_").removesuffix(".py")
+
+
+def mutmut_config(module: str, tests: list[str]) -> str:
+    """The `[tool.mutmut]` section of the scratch tree's pyproject.toml."""
+    return "\n".join([
+        "", "[tool.mutmut]",
+        'source_paths = ["pipeline/"]',
+        f"only_mutate = {json.dumps([module])}",
+        f"pytest_add_cli_args_test_selection = {json.dumps(tests)}",
+        # no cache dir in the scratch tree; the per-test timeout is the memory/time guard's backstop
+        'pytest_add_cli_args = ["-p", "no:cacheprovider", "-q", "--timeout=60", "-m", "not slow"]',
+        f"also_copy = {json.dumps([c for c in COPY if c not in ('pipeline', 'tests')])}",
+        "timeout_multiplier = 10.0",
+        "timeout_constant = 5.0",
+        "",
+    ])
+
+
+def prepare(module: str, tests: list[str]) -> Path:
+    """A fresh scratch copy of the repo for one module's run."""
+    work = WORK / slug(module)
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".hypothesis")
+    for name in COPY:
+        src = ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, work / name, ignore=ignore)
+        elif src.exists():
+            shutil.copy2(src, work / name)
+    text = (ROOT / "pyproject.toml").read_text()
+    (work / "pyproject.toml").write_text(text + mutmut_config(module, tests))
+    return work
+
+
+def run_module(module: str, timeout_s: int) -> dict:
+    """Run mutmut on one module; returns {status: count, "survivors": [(name, diff)], "seconds"}."""
+    tests, names = MODULES[module]
+    work = prepare(module, tests)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+           "ROLLOUT_PIPELINE_MUTATION": "1"}
+    mutmut = [sys.executable, "-m", "mutmut"]
+    start = time.monotonic()
+    cmd = mutmut + ["run", "--max-children", "1"] + list(names or [])
+    logger.info("%s: %s (tests: %s)", module, " ".join(cmd[2:]), " ".join(tests))
+    log = (work / "mutmut.log").open("w")
+    try:
+        subprocess.run(cmd, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s, check=False)
+        finished = True
+    except subprocess.TimeoutExpired:
+        finished = False
+    seconds = time.monotonic() - start
+    meta = work / "mutants" / (module + ".meta")
+    codes = json.loads(meta.read_text())["exit_code_by_key"] if meta.exists() else {}
+    if names:
+        codes = {k: v for k, v in codes.items() if any(fnmatch.fnmatchcase(k, pat) for pat in names)}
+    counts: Counter[str] = Counter(STATUS.get(code, "suspicious") for code in codes.values())
+    survivors = []
+    for name, code in sorted(codes.items()):
+        if STATUS.get(code, "suspicious") in ("survived", "no tests", "suspicious", "timeout"):
+            diff = subprocess.run(mutmut + ["show", name], cwd=work, env=env, capture_output=True, text=True,
+                                  timeout=120).stdout
+            survivors.append((name, STATUS.get(code, "suspicious"), diff.strip()))
+    return {"counts": dict(counts), "survivors": survivors, "seconds": seconds, "finished": finished,
+            "tests": tests}
+
+
+def report(results: dict[str, dict]) -> str:
+    lines = ["# Mutation report", "", "| module | mutants | killed | survived | no tests | timeout | score | s |",
+             "|---|---|---|---|---|---|---|---|"]
+    for module, r in results.items():
+        c = r["counts"]
+        total = sum(c.values())
+        killed = c.get("killed", 0)
+        score = f"{100 * killed / total:.1f}%" if total else "-"
+        note = "" if r["finished"] else " (stopped at the time limit)"
+        lines.append(f"| {module}{note} | {total} | {killed} | {c.get('survived', 0)} | {c.get('no tests', 0)} | "
+                     f"{c.get('timeout', 0)} | {score} | {r['seconds']:.0f} |")
+    for module, r in results.items():
+        if r["survivors"]:
+            lines += ["", f"## {module}: not killed", ""]
+            for name, status, diff in r["survivors"]:
+                lines += [f"### {name} ({status})", "```diff", diff, "```"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("modules", nargs="*", help="module paths (default: every covered module)")
+    parser.add_argument("--list", action="store_true", help="print the module -> tests map and exit")
+    parser.add_argument("--timeout", type=int, default=1800, help="seconds per module (default 1800)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.list:
+        for module, (tests, names) in MODULES.items():
+            logger.info("%s%s\n    %s", module, f" ({', '.join(names)})" if names else "", "\n    ".join(tests))
+        return 0
+    unknown = [m for m in args.modules if m not in MODULES]
+    if unknown:
+        parser.error(f"not covered: {unknown}; covered modules: {sorted(MODULES)}")
+    results = {}
+    for module in args.modules or list(MODULES):
+        results[module] = run_module(module, args.timeout)
+        logger.info("%s: %s in %.0f s", module, results[module]["counts"], results[module]["seconds"])
+        (WORK / "report.md").write_text(report(results))  # after each module: a stopped run keeps its report
+    sys.stdout.write(report(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
