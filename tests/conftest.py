@@ -8,3 +8,20 @@ os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+def pytest_configure(config) -> None:
+    """Start the session's memory guard (tests/memory_guard.py): a test whose process passes
+    ROLLOUT_PIPELINE_TEST_MAX_RSS_MB (default 6144, 0: off) fails at once instead of taking the
+    machine's memory; the per-test time limit (pytest-timeout) stays the guard against hangs."""
+    from memory_guard import DEFAULT_MAX_RSS_MB, MemoryGuard
+
+    limit = float(os.environ.get("ROLLOUT_PIPELINE_TEST_MAX_RSS_MB", DEFAULT_MAX_RSS_MB))
+    if limit > 0 and not hasattr(config, "_memory_guard"):
+        config._memory_guard = MemoryGuard(limit).start()
+
+
+def pytest_unconfigure(config) -> None:
+    guard = getattr(config, "_memory_guard", None)
+    if guard is not None:
+        guard.stop()

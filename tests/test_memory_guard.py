@@ -1,0 +1,46 @@
+"""The session's memory guard turns a runaway allocation into a quick test failure."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import psutil
+import pytest
+
+from memory_guard import MemoryGuard, MemoryLimitExceeded
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_runaway_python_loop_is_interrupted_quickly():
+    rss_mb = psutil.Process().memory_info().rss / 2**20
+    guard = MemoryGuard(rss_mb + 150, interval_s=0.02).start()
+    hoard = []
+    start = time.monotonic()
+    try:
+        with pytest.raises(MemoryLimitExceeded, match="ROLLOUT_PIPELINE_TEST_MAX_RSS_MB"):
+            while True:  # an endless, allocating loop like a cursor that never advances
+                hoard.append(bytearray(2**20))
+                time.sleep(0.001)
+    finally:
+        guard.stop()
+    grown = len(hoard)
+    hoard.clear()
+    assert guard.tripped == 1
+    assert time.monotonic() - start < 30
+    assert 150 <= grown < 400  # stopped soon after the limit (MB allocated)
+
+
+def test_memory_limit_exceeded_is_not_an_exception():
+    # `except Exception` in the code under test (or Hypothesis shrinking) must not swallow it
+    assert not issubclass(MemoryLimitExceeded, Exception)
+    with pytest.raises(ValueError, match="> 0 MB"):
+        MemoryGuard(0)
+
+
+def test_session_guard_is_running(pytestconfig):
+    if os.environ.get("ROLLOUT_PIPELINE_TEST_MAX_RSS_MB", "").strip() in ("0", "0.0"):
+        pytest.skip("the session guard is turned off")
+    guard = getattr(pytestconfig, "_memory_guard", None)
+    assert guard is not None and guard.limit_bytes > 0
