@@ -25,6 +25,9 @@ import time
 from collections import Counter
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from mutation_equivalents import EQUIVALENT  # noqa: E402
+
 logger = logging.getLogger("mutation")
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,8 +49,13 @@ MODULES: dict[str, tuple[list[str], list[str] | None]] = {
                                 "tests/pipeline/test_rollout_metrics_asymmetric.py"], None),
     "pipeline/rollout/dynamic_filters.py": (["tests/rollout/test_engine_rollout.py",
                                              "tests/rollout/test_plugins_and_adaptive.py"], None),
+    # seeds, partial-rollout continuation and reset (not the custom-generate plugin loading)
     "pipeline/rollout/sample_generate.py": (["tests/rollout/test_deterministic_seeds.py",
-                                             "tests/rollout/test_engine_rollout.py"], None),
+                                             "tests/rollout/test_engine_rollout.py"],
+                                            [f"pipeline.rollout.sample_generate.x_{fn}__mutmut_*" for fn in (
+                                                "is_finished", "sampling_params_from_args", "to_engine_params",
+                                                "sample_seed", "continuation_seed", "reset_sample",
+                                                "default_generate", "snapshot")]),
     "pipeline/rollout/train_run.py": (["tests/rollout/test_engine_rollout.py",
                                        "tests/rollout/test_deterministic_seeds.py"], None),
     # the allowlist part of the plugin builder
@@ -103,11 +111,10 @@ def prepare(module: str, tests: list[str]) -> Path:
 
 
 def run_module(module: str, timeout_s: int) -> dict:
-    """Run mutmut on one module; returns {status: count, "survivors": [(name, diff)], "seconds"}."""
+    """Run mutmut on one module in a fresh scratch tree; returns `collect(module)`."""
     tests, names = MODULES[module]
     work = prepare(module, tests)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
-           "ROLLOUT_PIPELINE_MUTATION": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     mutmut = [sys.executable, "-m", "mutmut"]
     start = time.monotonic()
     cmd = mutmut + ["run", "--max-children", "1"] + list(names or [])
@@ -118,38 +125,63 @@ def run_module(module: str, timeout_s: int) -> dict:
         finished = True
     except subprocess.TimeoutExpired:
         finished = False
-    seconds = time.monotonic() - start
+    (work / "run.json").write_text(json.dumps({"seconds": time.monotonic() - start, "finished": finished}))
+    return collect(module)
+
+
+def collect(module: str) -> dict:
+    """Results of the last run of `module` (from mutmut's files in its scratch tree)."""
+    tests, names = MODULES[module]
+    work = WORK / slug(module)
+    mutmut = [sys.executable, "-m", "mutmut"]
+    run_info = json.loads((work / "run.json").read_text()) if (work / "run.json").exists() else {}
+    seconds, finished = run_info.get("seconds", 0.0), run_info.get("finished", False)
     meta = work / "mutants" / (module + ".meta")
     codes = json.loads(meta.read_text())["exit_code_by_key"] if meta.exists() else {}
     if names:
         codes = {k: v for k, v in codes.items() if any(fnmatch.fnmatchcase(k, pat) for pat in names)}
     counts: Counter[str] = Counter(STATUS.get(code, "suspicious") for code in codes.values())
-    survivors = []
+    survivors, timeouts = [], []
     for name, code in sorted(codes.items()):
-        if STATUS.get(code, "suspicious") in ("survived", "no tests", "suspicious", "timeout"):
-            diff = subprocess.run(mutmut + ["show", name], cwd=work, env=env, capture_output=True, text=True,
+        status = STATUS.get(code, "suspicious")
+        if status == "timeout":
+            timeouts.append(name)
+        elif status in ("survived", "no tests", "suspicious"):
+            if name in EQUIVALENT:
+                counts["equivalent"] += 1
+            diff = subprocess.run(mutmut + ["show", name], cwd=work, capture_output=True, text=True,
                                   timeout=120).stdout
-            survivors.append((name, STATUS.get(code, "suspicious"), diff.strip()))
-    return {"counts": dict(counts), "survivors": survivors, "seconds": seconds, "finished": finished,
-            "tests": tests}
+            survivors.append((name, status, diff.strip()))
+    return {"counts": dict(counts), "survivors": survivors, "timeouts": timeouts, "seconds": seconds,
+            "finished": finished, "tests": tests}
 
 
 def report(results: dict[str, dict]) -> str:
-    lines = ["# Mutation report", "", "| module | mutants | killed | survived | no tests | timeout | score | s |",
+    """Markdown: the score table, then every mutant not killed (with its diff) and timeouts."""
+    lines = ["# Mutation report", "",
+             "Score = (killed + timeout) / (mutants - equivalent); equivalent survivors are listed with their reason in",
+             "scripts/mutation_equivalents.py. A timeout is a mutant the tests caught only by hanging.", "",
+             "| module | mutants | killed | timeout | equivalent | survived | score | seconds |",
              "|---|---|---|---|---|---|---|---|"]
     for module, r in results.items():
         c = r["counts"]
-        total = sum(c.values())
-        killed = c.get("killed", 0)
-        score = f"{100 * killed / total:.1f}%" if total else "-"
+        total = sum(v for k, v in c.items() if k != "equivalent")
+        detected = c.get("killed", 0) + c.get("timeout", 0)
+        equivalent = c.get("equivalent", 0)
+        unexplained = total - detected - equivalent
+        score = f"{100 * detected / (total - equivalent):.1f}%" if total > equivalent else "-"
         note = "" if r["finished"] else " (stopped at the time limit)"
-        lines.append(f"| {module}{note} | {total} | {killed} | {c.get('survived', 0)} | {c.get('no tests', 0)} | "
-                     f"{c.get('timeout', 0)} | {score} | {r['seconds']:.0f} |")
+        lines.append(f"| {module}{note} | {total} | {c.get('killed', 0)} | {c.get('timeout', 0)} | {equivalent} | "
+                     f"{unexplained} | {score} | {r['seconds']:.0f} |")
     for module, r in results.items():
-        if r["survivors"]:
-            lines += ["", f"## {module}: not killed", ""]
-            for name, status, diff in r["survivors"]:
-                lines += [f"### {name} ({status})", "```diff", diff, "```"]
+        if r["survivors"] or r["timeouts"]:
+            lines += ["", f"## {module}", ""]
+        for name, status, diff in r["survivors"]:
+            why = EQUIVALENT.get(name)
+            head = f"equivalent: {why}" if why else f"{status.upper()}: kill it with a test or explain it"
+            lines += [f"### {name}", head, "```diff", diff, "```"]
+        if r["timeouts"]:
+            lines += ["Caught only by a timeout: " + ", ".join(r["timeouts"])]
     return "\n".join(lines) + "\n"
 
 
@@ -158,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("modules", nargs="*", help="module paths (default: every covered module)")
     parser.add_argument("--list", action="store_true", help="print the module -> tests map and exit")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per module (default 1800)")
+    parser.add_argument("--report-only", action="store_true",
+                        help="rebuild the report from the last run of each module (no mutmut run)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.list:
@@ -169,7 +203,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"not covered: {unknown}; covered modules: {sorted(MODULES)}")
     results = {}
     for module in args.modules or list(MODULES):
-        results[module] = run_module(module, args.timeout)
+        if args.report_only and not (WORK / slug(module) / "mutants").exists():
+            continue
+        results[module] = collect(module) if args.report_only else run_module(module, args.timeout)
         logger.info("%s: %s in %.0f s", module, results[module]["counts"], results[module]["seconds"])
         (WORK / "report.md").write_text(report(results))  # after each module: a stopped run keeps its report
     sys.stdout.write(report(results))
