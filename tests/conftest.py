@@ -25,3 +25,18 @@ def pytest_unconfigure(config) -> None:
     guard = getattr(config, "_memory_guard", None)
     if guard is not None:
         guard.stop()
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """`ROLLOUT_PIPELINE_TEST_TIMEOUT_CAP=S` caps every test's time limit at S seconds (the
+    mutation run sets it: a mutant that hangs a test costs S, not the test's full limit)."""
+    cap = float(os.environ.get("ROLLOUT_PIPELINE_TEST_TIMEOUT_CAP", "0") or 0)
+    if cap <= 0:
+        return
+    import pytest
+
+    for item in items:
+        marker = item.get_closest_marker("timeout")
+        limit = marker.args[0] if marker is not None and marker.args else config.getoption("timeout", None)
+        if limit is None or float(limit) <= 0 or float(limit) > cap:
+            item.add_marker(pytest.mark.timeout(cap), append=False)
