@@ -364,6 +364,7 @@ def test_wandb_sink_redacts_config_and_name(monkeypatch, tmp_path):
     assert seen["config"]["engine"]["headers"]["authorization"] == REDACTED
 
 
+@pytest.mark.slow  # a CLI subprocess with wandb: kept out of the fast runs (and the mutation run)
 @pytest.mark.timeout(120)
 def test_cli_run_leaves_no_secret_in_any_file(tmp_path):
     """A CLI run with an API key, an auth header and a token on the command line, wandb offline:
