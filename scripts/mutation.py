@@ -35,7 +35,8 @@ WORK = ROOT / ".mutation"
 
 # module -> (the fast tests that pin it, mutant-name globs to restrict to some functions or None)
 MODULES: dict[str, tuple[list[str], list[str] | None]] = {
-    "pipeline/data/order.py": (["tests/data/test_order.py", "tests/data/test_epoch_cursor.py"], None),
+    "pipeline/data/order.py": (["tests/data/test_order.py", "tests/data/test_epoch_cursor.py",
+                                "tests/data/test_epoch_order_cache.py"], None),
     "pipeline/data/sources.py": (["tests/data/test_sources.py", "tests/data/test_epoch_cursor.py",
                                   "tests/data/test_buffer_filter_order.py"], None),
     "pipeline/data/buffer_filters.py": (["tests/data/test_buffer_filter_order.py", "tests/data/test_sources.py"],
