@@ -37,8 +37,13 @@ WORK = ROOT / ".mutation"
 MODULES: dict[str, tuple[list[str], list[str] | None]] = {
     "pipeline/data/order.py": (["tests/data/test_order.py", "tests/data/test_epoch_cursor.py",
                                 "tests/data/test_epoch_order_cache.py"], None),
+    # the cursor, fresh groups, the buffer and its state (not construction or gauges)
     "pipeline/data/sources.py": (["tests/data/test_sources.py", "tests/data/test_epoch_cursor.py",
-                                  "tests/data/test_buffer_filter_order.py"], None),
+                                  "tests/data/test_source_groups.py", "tests/data/test_buffer_filter_order.py",
+                                  "tests/data/test_checkpoint.py"],
+                                 [f"pipeline.data.sources.x*{fn}__mutmut_*" for fn in (
+                                     "_copies", "_next_rows", "_groups", "_check_num", "get_samples", "add_samples",
+                                     "begin_rollout", "get_buffer_length", "state_dict", "_state")]),
     "pipeline/data/buffer_filters.py": (["tests/data/test_buffer_filter_order.py", "tests/data/test_sources.py"],
                                         None),
     # (test_checkpoint_crash.py kills a real subprocess: too slow to run per mutant)
@@ -136,7 +141,6 @@ def collect(module: str) -> dict:
     """Results of the last run of `module` (from mutmut's files in its scratch tree)."""
     tests, names = MODULES[module]
     work = WORK / slug(module)
-    mutmut = [sys.executable, "-m", "mutmut"]
     run_info = json.loads((work / "run.json").read_text()) if (work / "run.json").exists() else {}
     seconds, finished = run_info.get("seconds", 0.0), run_info.get("finished", False)
     meta = work / "mutants" / (module + ".meta")
@@ -152,11 +156,30 @@ def collect(module: str) -> dict:
         elif status in ("survived", "no tests", "suspicious"):
             if name in EQUIVALENT:
                 counts["equivalent"] += 1
-            diff = subprocess.run(mutmut + ["show", name], cwd=work, capture_output=True, text=True,
-                                  timeout=120).stdout
-            survivors.append((name, status, diff.strip()))
+            survivors.append((name, status))
+    diffs = mutant_diffs(work, module, [name for name, _ in survivors])
+    survivors = [(name, status, diffs.get(name, "")) for name, status in survivors]
     return {"counts": dict(counts), "survivors": survivors, "timeouts": timeouts, "seconds": seconds,
             "finished": finished, "tests": tests}
+
+
+_DIFFS = """
+import json, sys
+from mutmut.mutation.diff_apply import get_diff_for_mutant
+print(json.dumps({name: get_diff_for_mutant(name, path=sys.argv[1]) for name in json.load(sys.stdin)}))
+"""
+
+
+def mutant_diffs(work: Path, module: str, names: list[str]) -> dict[str, str]:
+    """The diff of each named mutant (one process for all of them)."""
+    if not names:
+        return {}
+    out = subprocess.run([sys.executable, "-c", _DIFFS, module], cwd=work, input=json.dumps(names),
+                         capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        logger.warning("%s: no diffs (%s)", module, out.stderr.strip()[-500:])
+        return {}
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def report(results: dict[str, dict]) -> str:

@@ -26,4 +26,14 @@ EQUIVALENT: dict[str, str] = {
     "pipeline.data.order.xǁEpochOrderǁ_permutation__mutmut_53": _HUGE_N,
     "pipeline.data.order.xǁEpochOrderǁorder__mutmut_7": _INT64,
     "pipeline.data.order.xǁEpochOrderǁorder__mutmut_9": _INT64,
+    # pipeline/stages/log.py
+    "pipeline.stages.log.x__group_rewards__mutmut_11": "the key of an ungrouped sample only has to differ from group indexes",
+    "pipeline.stages.log.x__group_rewards__mutmut_12": "the key of an ungrouped sample only has to differ from group indexes",
+    "pipeline.stages.log.x_eval_metrics__mutmut_28": (
+        "with k == 1 the pass@k block writes eval/<name>-pass@1 = mean(r > 0), which the next line writes again"),
+    "pipeline.stages.log.x_log_stage__mutmut_1": "None and False are both falsy; skip is only read as `if not skip`",
+    "pipeline.stages.log.x_pass_at_k__mutmut_1": (
+        "the early return is a shortcut: when n - c < k, comb(n - c, k) == 0 and the formula gives 1.0 too "
+        "(eval calls pass_at_k(k, c, k), so k > n never happens)"),
+    "pipeline.stages.log.x_rollout_metrics__mutmut_69": "in a zero-std group every reward equals the first",
 }
