@@ -48,7 +48,7 @@ MODULES: dict[str, tuple[list[str], list[str] | None]] = {
                                         None),
     # (test_checkpoint_crash.py kills a real subprocess: too slow to run per mutant)
     "pipeline/data/checkpoint.py": (["tests/data/test_checkpoint.py"], None),
-    "pipeline/atomic.py": (["tests/data/test_checkpoint.py"], None),
+    "pipeline/atomic.py": (["tests/test_atomic.py", "tests/data/test_checkpoint.py"], None),
     "pipeline/stages/advantages.py": (["tests/pipeline/test_pipeline_stages.py"], None),
     "pipeline/stages/train_data.py": (["tests/pipeline/test_pipeline_stages.py"], None),
     "pipeline/stages/log.py": (["tests/pipeline/test_pipeline_stages.py",

@@ -1,0 +1,69 @@
+"""Atomic writes (pipeline/atomic.py): the old file or the new one, never half of one, no temp left."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from pipeline import atomic
+from pipeline.atomic import atomic_write_bytes, atomic_write_text
+
+pytestmark = pytest.mark.timeout(20)
+
+
+def test_writes_creates_folders_and_replaces(tmp_path):
+    target = tmp_path / "a" / "b" / "state.bin"
+    atomic_write_bytes(target, b"one")
+    assert target.read_bytes() == b"one"
+    atomic_write_bytes(str(target), b"two!")
+    assert target.read_bytes() == b"two!"
+    atomic_write_text(target, "grüße ✓")
+    assert target.read_bytes() == "grüße ✓".encode("utf-8")
+    assert sorted(p.name for p in target.parent.iterdir()) == ["state.bin"]
+
+
+def test_data_is_flushed_and_synced_before_the_rename(tmp_path, monkeypatch):
+    target = tmp_path / "state.bin"
+    seen = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        seen.append(("fsync", os.fstat(fd).st_size))
+        real_fsync(fd)
+
+    def replace(src, dst):
+        seen.append(("replace", os.path.basename(src).startswith(".state.bin."), os.path.dirname(src) == str(tmp_path)))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(atomic.os, "fsync", fsync)
+    monkeypatch.setattr(atomic.os, "replace", replace)
+    atomic_write_bytes(target, b"x" * 5000)
+    assert seen == [("fsync", 5000), ("replace", True, True)]
+
+
+@pytest.mark.parametrize("fail_at", ["write", "replace"])
+def test_a_failed_write_keeps_the_old_file_and_leaves_no_temp(tmp_path, monkeypatch, fail_at):
+    target = tmp_path / "state.bin"
+    target.write_bytes(b"old")
+    if fail_at == "replace":
+        monkeypatch.setattr(atomic.os, "replace", lambda *a: (_ for _ in ()).throw(OSError("disk full")))
+        data, error = b"new", OSError
+    else:
+        data, error = "not bytes", TypeError
+    with pytest.raises(error):
+        atomic_write_bytes(target, data)
+    assert target.read_bytes() == b"old"
+    assert [p.name for p in tmp_path.iterdir()] == ["state.bin"]
+
+
+def test_an_interrupt_also_cleans_up(tmp_path, monkeypatch):
+    target = tmp_path / "state.bin"
+
+    def interrupted(fd):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(atomic.os, "fsync", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write_bytes(target, b"new")
+    assert list(tmp_path.iterdir()) == []
