@@ -47,9 +47,10 @@ MODULES: dict[str, tuple[list[str], list[str] | None]] = {
     "pipeline/data/buffer_filters.py": (["tests/data/test_buffer_filter_order.py", "tests/data/test_sources.py"],
                                         None),
     # (test_checkpoint_crash.py kills a real subprocess: too slow to run per mutant)
-    "pipeline/data/checkpoint.py": (["tests/data/test_checkpoint.py"], None),
+    "pipeline/data/checkpoint.py": (["tests/data/test_checkpoint.py", "tests/data/test_checkpoint_format.py"], None),
     "pipeline/atomic.py": (["tests/test_atomic.py", "tests/data/test_checkpoint.py"], None),
-    "pipeline/stages/advantages.py": (["tests/pipeline/test_pipeline_stages.py"], None),
+    "pipeline/stages/advantages.py": (["tests/pipeline/test_pipeline_stages.py",
+                                       "tests/pipeline/test_advantages_pinned.py"], None),
     "pipeline/stages/train_data.py": (["tests/pipeline/test_pipeline_stages.py"], None),
     "pipeline/stages/log.py": (["tests/pipeline/test_pipeline_stages.py",
                                 "tests/pipeline/test_rollout_metrics_asymmetric.py"], None),

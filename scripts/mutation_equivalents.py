@@ -36,4 +36,33 @@ EQUIVALENT: dict[str, str] = {
         "the early return is a shortcut: when n - c < k, comb(n - c, k) == 0 and the formula gives 1.0 too "
         "(eval calls pass_at_k(k, c, k), so k > n never happens)"),
     "pipeline.stages.log.x_rollout_metrics__mutmut_69": "in a zero-std group every reward equals the first",
+    # pipeline/data/checkpoint.py
+    **{f"pipeline.data.checkpoint.x__write_bytes__mutmut_{i}": "the chunk size of the write loop; every chunking "
+       "writes the same bytes" for i in (11, 12, 16, 17)},
+    **{f"pipeline.data.checkpoint.x_read_slime_state__mutmut_{i}": "map_location only applies to tensors; a slime "
+       "data-source state holds plain numbers" for i in (3, 6, 8, 9)},
+    **{f"pipeline.data.checkpoint.x_read_slime_state__mutmut_{i}": "torch 2.13 loads with weights_only=True by default "
+       "(a test pins that arbitrary objects are refused)" for i in (4, 7)},
+    **{name: "missing_ok only matters when another process removes the file between listing and unlinking"
+       for name in ("pipeline.data.checkpoint.x_prune_checkpoints__mutmut_3",
+                    "pipeline.data.checkpoint.x_prune_checkpoints__mutmut_4",
+                    "pipeline.data.checkpoint.x_write_checkpoint__mutmut_32",
+                    "pipeline.data.checkpoint.x_write_checkpoint__mutmut_33",
+                    "pipeline.data.checkpoint.x_write_checkpoint__mutmut_50",
+                    "pipeline.data.checkpoint.x_write_checkpoint__mutmut_51")},
+    **{f"pipeline.data.checkpoint.x_read_checkpoint__mutmut_{i}": "a file without a newline, or starting with one, "
+       "has no parseable header either way: the same 'bad header' error" for i in (11, 13, 14, 18)},
+    **{f"pipeline.data.checkpoint.x_read_checkpoint__mutmut_{i}": "without json_size (version 1) the slice "
+       "payload[:None] is the whole payload, as payload[:len(payload)]" for i in (58, 60)},
+    "pipeline.data.checkpoint.x_read_checkpoint__mutmut_85": (
+        "np.frombuffer with count=0 gives the same empty array of that dtype as np.zeros(0)"),
+    # pipeline/stages/advantages.py
+    **{f"pipeline.stages.advantages.x__normalise__mutmut_{i}": "_normalise only gets 2-D blocks, where dim 1 is "
+       "dim -1" for i in (2, 9, 33)},
+    "pipeline.stages.advantages.x_post_process_rewards__mutmut_18": (
+        "with one sample per prompt _normalise skips the std (its own n > 1 check) whatever use_std says"),
+    **{f"pipeline.stages.advantages.x_post_process_rewards__mutmut_{i}": "the whole batch as one group: a [1, L] "
+       "view and an [L] view normalise the same over the last dim" for i in (44, 45, 46, 84)},
+    **{f"pipeline.stages.advantages.x_post_process_rewards__mutmut_{i}": "torch.tensor of Python ints is int64 "
+       "(torch.long) by default" for i in (72, 74)},
 }
