@@ -2,13 +2,16 @@
 
     python scripts/mutation.py                                  # every covered module
     python scripts/mutation.py pipeline/data/order.py ...       # some of them
+    python scripts/mutation.py --rerun-survivors MODULE         # only the last run's survivors, current tests
+    python scripts/mutation.py --report-only                    # the report of the last runs again
     python scripts/mutation.py --list                           # the module -> tests map
 
 Each module runs on its own, against only the fast unit tests that pin it (`MODULES`), in a
 scratch copy of the repo under `.mutation/<module>/` (mutmut writes its mutated tree there;
 the working tree is never touched). One worker, one torch thread. The report
 (killed / survived / timeout per module, each survivor with its diff) goes to stdout and to
-`.mutation/report.md`. docs/mutation.md explains how to read it and lists the known survivors.
+`.mutation/report.md`. docs/mutation.md explains how to read it; scripts/mutation_equivalents.py
+lists the survivors that no test can kill, with the reason.
 """
 
 from __future__ import annotations
@@ -117,10 +120,36 @@ def prepare(module: str, tests: list[str]) -> Path:
     return work
 
 
-def run_module(module: str, timeout_s: int) -> dict:
-    """Run mutmut on one module in a fresh scratch tree; returns `collect(module)`."""
+def refresh(module: str, tests: list[str]) -> Path:
+    """Bring the current tests into the module's existing scratch tree (mutmut keeps its results)."""
+    work = WORK / slug(module)
+    shutil.rmtree(work / "tests")
+    shutil.copytree(ROOT / "tests", work / "tests", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    (work / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text() + mutmut_config(module, tests))
+    return work
+
+
+def survivors_of_last_run(module: str) -> list[str]:
+    """Mutants of the module's last run that were not killed and are not known equivalents."""
+    meta = WORK / slug(module) / "mutants" / (module + ".meta")
+    if not meta.exists():
+        return []
+    codes = json.loads(meta.read_text())["exit_code_by_key"]
+    return sorted(k for k, v in codes.items() if STATUS.get(v, "suspicious") in ("survived", "no tests", "suspicious")
+                  and k not in EQUIVALENT)
+
+
+def run_module(module: str, timeout_s: int, rerun_survivors: bool = False) -> dict:
+    """Run mutmut on one module in a fresh scratch tree (or only on the survivors of its last
+    run, with the current tests); returns `collect(module)`."""
     tests, names = MODULES[module]
-    work = prepare(module, tests)
+    if rerun_survivors and (WORK / slug(module) / "mutants").exists():
+        names = survivors_of_last_run(module)
+        if not names:
+            return collect(module)
+        work = refresh(module, tests)
+    else:
+        work = prepare(module, tests)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
            # a mutant that makes a test hang costs this many seconds, not the test's own limit
            "ROLLOUT_PIPELINE_TEST_TIMEOUT_CAP": os.environ.get("ROLLOUT_PIPELINE_TEST_TIMEOUT_CAP", "20")}
@@ -134,7 +163,11 @@ def run_module(module: str, timeout_s: int) -> dict:
         finished = True
     except subprocess.TimeoutExpired:
         finished = False
-    (work / "run.json").write_text(json.dumps({"seconds": time.monotonic() - start, "finished": finished}))
+    info = {"seconds": time.monotonic() - start, "finished": finished}
+    if rerun_survivors and (work / "run.json").exists():  # the first run's time plus this one
+        before = json.loads((work / "run.json").read_text())
+        info = {"seconds": before["seconds"] + info["seconds"], "finished": before["finished"] and finished}
+    (work / "run.json").write_text(json.dumps(info))
     return collect(module)
 
 
@@ -217,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("modules", nargs="*", help="module paths (default: every covered module)")
     parser.add_argument("--list", action="store_true", help="print the module -> tests map and exit")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per module (default 1800)")
+    parser.add_argument("--rerun-survivors", action="store_true",
+                        help="run only the last run's unexplained survivors again, with the current tests")
     parser.add_argument("--report-only", action="store_true",
                         help="rebuild the report from the last run of each module (no mutmut run)")
     args = parser.parse_args(argv)
@@ -232,7 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     for module in args.modules or list(MODULES):
         if args.report_only and not (WORK / slug(module) / "mutants").exists():
             continue
-        results[module] = collect(module) if args.report_only else run_module(module, args.timeout)
+        results[module] = (collect(module) if args.report_only
+                           else run_module(module, args.timeout, args.rerun_survivors))
         logger.info("%s: %s in %.0f s", module, results[module]["counts"], results[module]["seconds"])
         (WORK / "report.md").write_text(report(results))  # after each module: a stopped run keeps its report
     sys.stdout.write(report(results))
