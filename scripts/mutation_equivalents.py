@@ -65,4 +65,9 @@ EQUIVALENT: dict[str, str] = {
        "view and an [L] view normalise the same over the last dim" for i in (44, 45, 46, 84)},
     **{f"pipeline.stages.advantages.x_post_process_rewards__mutmut_{i}": "torch.tensor of Python ints is int64 "
        "(torch.long) by default" for i in (72, 74)},
+    # pipeline/stages/train_data.py
+    **{f"pipeline.stages.train_data.x__pad__mutmut_{i}": "torch.tensor/torch.full infer the dtype the code names "
+       "from the values (ints: int64, floats: float32) whenever the values match it" for i in (10, 13, 17, 19)},
+    **{f"pipeline.stages.train_data.x_to_tensors__mutmut_{i}": "the padded values are ints, so the inferred dtype "
+       "is torch.long anyway" for i in (17, 30)},
 }

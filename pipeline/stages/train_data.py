@@ -136,7 +136,7 @@ def to_tensors(train_data: dict[str, Any], pad_token_id: int = 0) -> dict[str, t
                        ("rewards", torch.float32), ("raw_reward", torch.float32)):
         if key in train_data:
             out[key] = torch.tensor(train_data[key], dtype=dtype)
-    if all(i is not None for i in train_data.get("sample_indices", [])):
+    if "sample_indices" in train_data and all(i is not None for i in train_data["sample_indices"]):
         out["sample_indices"] = torch.tensor(train_data["sample_indices"], dtype=torch.long)
     if "rollout_log_probs" in train_data:
         out["rollout_log_probs"] = _pad(train_data["rollout_log_probs"], 0.0, torch.float32)
