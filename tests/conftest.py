@@ -35,6 +35,10 @@ def pytest_collection_modifyitems(config, items) -> None:
         return
     import pytest
 
+    # import the heavy libraries now, so a test's first import does not eat its capped time
+    import torch  # noqa: F401
+    import transformers  # noqa: F401
+
     for item in items:
         marker = item.get_closest_marker("timeout")
         limit = marker.args[0] if marker is not None and marker.args else config.getoption("timeout", None)
