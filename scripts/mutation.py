@@ -58,8 +58,7 @@ MODULES: dict[str, tuple[list[str], list[str] | None]] = {
                                        "tests/pipeline/test_train_data_tensors.py"], None),
     "pipeline/stages/log.py": (["tests/pipeline/test_pipeline_stages.py",
                                 "tests/pipeline/test_rollout_metrics_asymmetric.py"], None),
-    "pipeline/rollout/dynamic_filters.py": (["tests/rollout/test_engine_rollout.py",
-                                             "tests/rollout/test_plugins_and_adaptive.py"], None),
+    "pipeline/rollout/dynamic_filters.py": (["tests/rollout/test_nonzero_std_filter.py"], None),
     # seeds, partial-rollout continuation and reset (not the custom-generate plugin loading)
     "pipeline/rollout/sample_generate.py": (["tests/rollout/test_deterministic_seeds.py",
                                              "tests/rollout/test_engine_rollout.py"],
