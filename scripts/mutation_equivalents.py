@@ -70,4 +70,7 @@ EQUIVALENT: dict[str, str] = {
        "from the values (ints: int64, floats: float32) whenever the values match it" for i in (10, 13, 17, 19)},
     **{f"pipeline.stages.train_data.x_to_tensors__mutmut_{i}": "the padded values are ints, so the inferred dtype "
        "is torch.long anyway" for i in (17, 30)},
+    # pipeline/rollout/sample_generate.py
+    "pipeline.rollout.sample_generate.x_continuation_seed__mutmut_13": (
+        "a fifth little-endian byte only sets bits 32-39, which the 31-bit mask drops"),
 }

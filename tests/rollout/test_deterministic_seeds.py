@@ -92,6 +92,8 @@ def test_continuation_seed_depends_on_seed_and_every_response_token():
     others = {continuation_seed(8, [1, 2, 3]), continuation_seed(7, [1, 2]), continuation_seed(7, [1, 2, 4]),
               continuation_seed(7, [3, 2, 1]), continuation_seed(7, [12, 3]), continuation_seed(7, [])}
     assert base not in others and len(others) == 6
+    # pinned, like sample_seed: a resumed partial sample must continue as it did before the upgrade
+    assert (base, continuation_seed(1316086259, [5, 250, 3])) == (970406211, 1964633138)
 
 
 PINNED = (1316086259, 1332252735)
