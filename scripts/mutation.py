@@ -69,7 +69,8 @@ MODULES: dict[str, tuple[list[str], list[str] | None]] = {
     "pipeline/rollout/train_run.py": (["tests/rollout/test_engine_rollout.py",
                                        "tests/rollout/test_deterministic_seeds.py"], None),
     # the allowlist part of the plugin builder
-    "pipeline/config.py": (["tests/test_security.py", "tests/pipeline/test_pipeline_config.py"],
+    "pipeline/config.py": (["tests/test_allowlist.py", "tests/test_security.py",
+                            "tests/pipeline/test_pipeline_config.py"],
                            [f"pipeline.config.x_{fn}__mutmut_*" for fn in (
                                "_allowed_prefixes", "check_allowed", "load_object", "_check_origin", "_check_tree",
                                "allowed_targets")]),

@@ -1,0 +1,75 @@
+"""The plugin allowlist (pipeline/config.py), called directly: what is refused, where it says so,
+and the advice it gives. tests/test_security.py covers the same through configs and the CLI."""
+
+from __future__ import annotations
+
+import os.path
+
+import pytest
+
+from pipeline.config import (
+    ConfigError, PluginImportError, TargetNotAllowedError, _check_tree, allowed_targets, check_allowed, load_object,
+)
+
+pytestmark = pytest.mark.timeout(30)
+
+ALLOWED = ("pipeline.", "builtins.dict")
+
+
+@pytest.mark.parametrize("target", ["pipeline.config.load_object", "builtins.dict",
+                                    "builtins.dict.fromkeys"])
+def test_allowed_targets_pass(target):
+    check_allowed(target, ALLOWED)
+
+
+@pytest.mark.parametrize("target", ["pipelinex.evil", "builtins.dictx", "builtins.eval", "os.system", "mypkg.fn"])
+def test_other_targets_are_refused(target):
+    with pytest.raises(TargetNotAllowedError, match=rf"^plugin: target '{target}' is not allowed; allowed module "
+                                                     r"prefixes are \['pipeline\.', 'builtins\.dict'\]; "):
+        check_allowed(target, ALLOWED)
+
+
+def test_the_advice_depends_on_stdlib_or_own_code():
+    with pytest.raises(TargetNotAllowedError, match=r"reward.path: .*standard-library module 'os' is not a plugin "
+                                                     r"package \(allowed_targets_extra is for your own packages\)$"):
+        check_allowed("os.path.join", ALLOWED, "reward.path")
+    with pytest.raises(TargetNotAllowedError, match=r"add its package with allowed_targets_extra=\[mypkg\.\]$"):
+        check_allowed("mypkg.sub.fn", ALLOWED)
+    with pytest.raises(TargetNotAllowedError, match=r"allowed module prefixes are \[\]"):
+        check_allowed("pipeline.x", None)
+
+
+def test_a_path_that_resolves_outside_the_allowlist_is_refused():
+    # pipeline.atomic imports os: "pipeline.atomic.os" is the os module, "...os.path.join" posixpath.join
+    with pytest.raises(TargetNotAllowedError, match=r"^rollout \('pipeline.atomic.os' resolves to 'os'\): "
+                                                     r"target 'os' is not allowed"):
+        load_object("pipeline.atomic.os", ALLOWED, "rollout")
+    with pytest.raises(TargetNotAllowedError, match=rf"^plugin \('pipeline.atomic.os.path.join' resolves to "
+                                                     rf"'{os.path.join.__module__}.join'\)"):
+        load_object("pipeline.atomic.os.path.join", ALLOWED)
+    assert load_object("pipeline.config.load_object", ALLOWED) is load_object
+
+
+def test_load_object_errors_name_the_place():
+    for bad in ("nodots", 3):
+        with pytest.raises(ConfigError, match=r"^eval: expected a dotted path 'pkg.mod.name', got "):
+            load_object(bad, ALLOWED, "eval")
+    with pytest.raises(PluginImportError, match=r"^plugin: cannot import 'pipeline.nope.fn': ModuleNotFoundError"):
+        load_object("pipeline.nope.fn", ALLOWED)
+    with pytest.raises(PluginImportError, match=r"module 'pipeline.config' has no attribute 'nope'"):
+        load_object("pipeline.config.nope", ALLOWED)
+
+
+def test_check_tree_finds_targets_at_any_depth_and_names_them():
+    tree = {"engine": {"kw": [{"ok": 1}, {"_target_": "os.system"}]}}
+    with pytest.raises(TargetNotAllowedError, match=r"^engine.kw\[1\]: target 'os.system' is not allowed"):
+        _check_tree(tree, ALLOWED, "")
+    with pytest.raises(TargetNotAllowedError, match=r"^root.a \('pipeline.atomic.os' resolves to 'os'\)"):
+        _check_tree({"a": {"_target_": "pipeline.atomic.os"}}, ALLOWED, "root")
+    _check_tree({"a": {"_target_": "pipeline.config.load_object", "b": [1, {"c": 2}]}}, ALLOWED, "")
+
+
+def test_allowed_targets_adds_the_extra_prefixes():
+    assert allowed_targets({"allowed_targets": ["pipeline."], "allowed_targets_extra": ["mine."]}) == ("pipeline.",
+                                                                                                       "mine.")
+    assert allowed_targets({"allowed_targets": ["pipeline."], "allowed_targets_extra": None}) == ("pipeline.",)
