@@ -144,10 +144,13 @@ def run_module(module: str, timeout_s: int, rerun_survivors: bool = False) -> di
     """Run mutmut on one module in a fresh scratch tree (or only on the survivors of its last
     run, with the current tests); returns `collect(module)`."""
     tests, names = MODULES[module]
-    if rerun_survivors and (WORK / slug(module) / "mutants").exists():
+    meta = WORK / slug(module) / "mutants" / (module + ".meta")
+    before: dict[str, int | None] = {}
+    if rerun_survivors and meta.exists():
         names = survivors_of_last_run(module)
         if not names:
             return collect(module)
+        before = json.loads(meta.read_text())["exit_code_by_key"]
         work = refresh(module, tests)
     else:
         work = prepare(module, tests)
@@ -164,6 +167,10 @@ def run_module(module: str, timeout_s: int, rerun_survivors: bool = False) -> di
         finished = True
     except subprocess.TimeoutExpired:
         finished = False
+    if before and meta.exists():  # mutmut forgets the other verdicts when the tests change: keep them
+        data = json.loads(meta.read_text())
+        data["exit_code_by_key"] = {**before, **{k: data["exit_code_by_key"].get(k) for k in names}}
+        meta.write_text(json.dumps(data))
     info = {"seconds": time.monotonic() - start, "finished": finished}
     if rerun_survivors and (work / "run.json").exists():  # the first run's time plus this one
         before = json.loads((work / "run.json").read_text())
