@@ -24,6 +24,9 @@ EQUIVALENT: dict[str, str] = {
     "pipeline.data.order.xǁEpochOrderǁ_permutation__mutmut_50": _HUGE_N,
     "pipeline.data.order.xǁEpochOrderǁ_permutation__mutmut_52": _HUGE_N,
     "pipeline.data.order.xǁEpochOrderǁ_permutation__mutmut_53": _HUGE_N,
+    **{f"pipeline.data.order.xǁEpochOrderǁ_permutation__mutmut_{i}": "renaming a field of the cache key (or the "
+       "unused key without a cache) only renames the cache files; the key is still unique per (seed, epoch, n)"
+       for i in range(5, 12)},
     "pipeline.data.order.xǁEpochOrderǁorder__mutmut_7": _INT64,
     "pipeline.data.order.xǁEpochOrderǁorder__mutmut_9": _INT64,
     # pipeline/stages/log.py
