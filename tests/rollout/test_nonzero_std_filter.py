@@ -36,6 +36,12 @@ def test_nonzero_std_reads_the_reward_key():
     args = SimpleNamespace(reward_key="acc")
     same = [Sample(index=i, reward={"acc": 1.0, "len": float(i)}) for i in range(2)]
     assert check_reward_nonzero_std(args, same).keep is False
+    assert check_reward_nonzero_std_with_fallback(args, same).keep is False
+
+
+def test_integer_rewards_are_compared_as_floats():
+    assert check_reward_nonzero_std(ARGS, group(1, 0)).keep is True
+    assert check_reward_nonzero_std(ARGS, group(1, 1)).reason == "zero_std_1.0"
 
 
 def test_fallback_marks_every_verdict_keep_when_insufficient():
