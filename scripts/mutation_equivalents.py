@@ -85,4 +85,21 @@ EQUIVALENT: dict[str, str] = {
         "in a zero-std group every reward equals the first"),
     "pipeline.rollout.dynamic_filters.x_check_reward_nonzero_std_with_fallback__mutmut_6": (
         "check_reward_nonzero_std takes **kwargs for slime's signature and reads none of them"),
+    # pipeline/stages/train_data.py (second run)
+    "pipeline.stages.train_data.x_convert_to_train_data__mutmut_77": (
+        "a Sample always has train_metadata (a dataclass field), so getattr needs no default"),
+    "pipeline.stages.train_data.x_convert_to_train_data__mutmut_87": (
+        "a Sample always has train_metadata (a dataclass field), so getattr needs no default"),
+    "pipeline.stages.train_data.x_to_tensors__mutmut_52": (
+        "torch infers the dtype the code names from the values (ints: int64, floats: float32)"),
+    "pipeline.stages.train_data.x_to_tensors__mutmut_54": (
+        "torch infers the dtype the code names from the values (ints: int64, floats: float32)"),
+    "pipeline.stages.train_data.x_to_tensors__mutmut_67": (
+        "torch infers the dtype the code names from the values (ints: int64, floats: float32)"),
+    "pipeline.stages.train_data.x_to_tensors__mutmut_69": (
+        "torch infers the dtype the code names from the values (ints: int64, floats: float32)"),
+    "pipeline.stages.train_data.x_to_tensors__mutmut_7": (
+        "torch infers the dtype the code names from the values (ints: int64, floats: float32)"),
+    "pipeline.stages.train_data.x_to_tensors__mutmut_80": (
+        "torch infers the dtype the code names from the values (ints: int64, floats: float32)"),
 }
