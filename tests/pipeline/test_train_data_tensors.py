@@ -26,7 +26,7 @@ def batch() -> list[Sample]:
 def test_every_column_becomes_a_tensor_of_its_dtype():
     td = convert_to_train_data(ARGS, batch(), [1.0, 0.0], [0.5, -0.5])
     assert td["truncated"] == [1, 1]  # an enum and a plain string status
-    assert td["train_metadata"] == [{"lang": "en"}, None]
+    assert td["metadata"] == [{"lang": "en"}, None]  # slime's key for train_metadata
     t = to_tensors(td)
     expected = {"tokens": torch.long, "attention_mask": torch.long, "loss_masks": torch.long,
                 "response_lengths": torch.long, "truncated": torch.long, "rollout_ids": torch.long,
@@ -45,7 +45,7 @@ def test_without_train_metadata_the_key_is_absent_and_unknown_indices_are_skippe
     for x in s:
         x.train_metadata = None
     td = convert_to_train_data(ARGS, s, [1.0, 0.0], [0.5, -0.5])
-    assert "train_metadata" not in td
+    assert "metadata" not in td
     td["sample_indices"] = [None, 5]
     assert "sample_indices" not in to_tensors(td)
     del td["sample_indices"]
