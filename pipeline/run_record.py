@@ -93,7 +93,7 @@ def read_record(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
 
 def write_record(run_dir: str | os.PathLike[str], *, name: str, overrides: list[str], config: dict[str, Any]) -> None:
     """Store the run's name, overrides and resolved config (secrets redacted), atomically."""
-    record = {"name": name, "overrides": [redact_text(o) for o in overrides if override_key(o) not in _SESSION_KEYS],
+    record = {"name": redact_text(name), "overrides": [redact_text(o) for o in overrides if override_key(o) not in _SESSION_KEYS],
               "config": redact(config)}
     atomic_write_text(Path(run_dir) / RECORD_FILE, json.dumps(record, indent=1, default=str) + "\n")
 
