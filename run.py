@@ -15,6 +15,8 @@ import sys
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import hydra  # noqa: E402
+from hydra.core.hydra_config import HydraConfig  # noqa: E402
+from hydra.types import RunMode  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
 from pipeline.app import run  # noqa: E402
@@ -25,8 +27,18 @@ from pipeline.session import prepare_argv  # noqa: E402
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
-    """Run the pipeline for one composed config (one job of a sweep)."""
-    run(cfg)
+    """Run the pipeline for one composed config (one job of a sweep).
+
+    A single run refused at pre-flight (a `ConfigError`: the message lists each key and what was
+    expected) ends with that message and exit code 1, not a traceback; in a sweep the error is
+    Hydra's to report per job, so the other jobs still run.
+    """
+    try:
+        run(cfg)
+    except ConfigError as exc:
+        if HydraConfig.get().mode == RunMode.MULTIRUN:
+            raise
+        sys.exit(f"Error: {type(exc).__name__}: {exc}")
 
 
 if __name__ == "__main__":
