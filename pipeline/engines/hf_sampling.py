@@ -36,7 +36,10 @@ def sample_batch(logits: torch.Tensor, params: Sequence[SamplingParams],
     sampled = [i for i, t in enumerate(temps) if t > 0.0]
     scale = torch.tensor([t if t > 0.0 else 1.0 for t in temps], dtype=logits.dtype)
     logp = torch.log_softmax(logits / scale.unsqueeze(1), dim=-1)
-    tokens = torch.argmax(logits, dim=-1)
+    tokens = torch.zeros(len(temps), dtype=torch.long)
+    if len(sampled) < len(temps):
+        greedy = torch.tensor([i for i, t in enumerate(temps) if t <= 0.0], dtype=torch.long)
+        tokens[greedy] = torch.argmax(logits.index_select(0, greedy), dim=-1)
     if sampled:
         rows = torch.tensor(sampled, dtype=torch.long)
         probs = logp.index_select(0, rows).exp()
@@ -46,8 +49,8 @@ def sample_batch(logits: torch.Tensor, params: Sequence[SamplingParams],
             probs = _cut(probs, [params[sampled[j]] for j in cut], cut)
         # float64 cumulative sums: a float32 running sum over 49k entries drifts by ~1e-5
         cdf = probs.double().cumsum_(dim=-1)
-        draws = torch.stack([torch.rand((), generator=generators[i], dtype=torch.float64)
-                             for i in sampled])
+        draws = torch.tensor([torch.rand(1, generator=generators[i], dtype=torch.float64).item()
+                              for i in sampled], dtype=torch.float64)
         target = draws * cdf[:, -1]
         picked = torch.searchsorted(cdf, target.unsqueeze(1), right=True).squeeze(1)
         tokens[rows] = picked.clamp_(max=vocab - 1)
