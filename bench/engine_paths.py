@@ -95,14 +95,15 @@ def bench_paths(engines_: dict[str, Any], prompts: list[list[int]], batch_sizes:
 def print_paths(rows: list[dict[str, Any]]) -> None:
     """The before/after table (ratios against the legacy float32 row of the same batch)."""
     print("| batch | engine | tokens/s (wall) | × before | tokens per CPU-second | × before | "
-          "share of CPU peak (wall) | load avg |\n|---|---|---|---|---|---|---|---|")
+          "share of CPU peak (wall; per CPU-second) | load avg |\n|---|---|---|---|---|---|---|---|")
     base = {r["batch"]: r for r in rows if r["engine"].startswith("before")}
     for r in rows:
         b = base[r["batch"]]
         dtype = "bfloat16" if "bfloat16" in r["engine"] else "float32"
         peak = r["wall"] * GFLOP_PER_TOKEN / PEAK_GFLOPS[dtype]
+        per_core = r["cpu"] * GFLOP_PER_TOKEN / (PEAK_GFLOPS[dtype] / 2)
         print(f"| {r['batch']} | {r['engine']} | {r['wall']:.1f} | {r['wall'] / b['wall']:.2f} | "
-              f"{r['cpu']:.1f} | {r['cpu'] / b['cpu']:.2f} | {100 * peak:.1f}% of {dtype} | {r['load']:.1f} |")
+              f"{r['cpu']:.1f} | {r['cpu'] / b['cpu']:.2f} | {100 * peak:.1f}%; {100 * per_core:.0f}% of {dtype} | {r['load']:.1f} |")
     print()
 
 
