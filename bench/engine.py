@@ -1,6 +1,8 @@
 """Engine / rollout benchmark (`make bench-engine`); prints Markdown tables.
 
 Side by side in one run:
+0. the engine before (legacy float32 decode path) and after (the default static path) at batch
+   1 / 8 / 32 / 64 (`bench/engine_paths.py`), and `python run.py` wall time before/after (--cli-wall);
 1. raw batched generation tokens/s (hf engine, all requests at once) vs the rollout stage's
    tokens/s (EngineRollout, same engine, same batch size, real math reward) — target >= 0.9;
    both with batch-invariant log-probs (deterministic mode), and raw generation without them
@@ -12,7 +14,8 @@ Side by side in one run:
    per-token delay, nonzero_std filter, real math reward);
 5. the time of every non-generation stage as a share of a rollout step (the real CLI, hf engine).
 
-Usage: python bench/engine.py [--groups 4] [--n 4] [--tokens 32] [--skip-ray] [--skip-cli]
+Usage: python bench/engine.py [--groups 4] [--n 4] [--tokens 32] [--skip-paths] [--cli-wall]
+       [--skip-ray] [--skip-cli]
 """
 
 from __future__ import annotations
@@ -244,7 +247,10 @@ def main() -> None:
     p.add_argument("--skip-ray", action="store_true")
     p.add_argument("--skip-cli", action="store_true")
     p.add_argument("--only-over-sampling", action="store_true")
+    p.add_argument("--skip-paths", action="store_true")
+    p.add_argument("--cli-wall", action="store_true")
     a = p.parse_args()
+    from bench import engine_paths
     from pipeline.engines.hf import HFEngine
 
     if a.only_over_sampling:
@@ -253,9 +259,22 @@ def main() -> None:
     model = resolve_checkpoint("smollm2-135m-instruct", default_cache_dir())
     print(f"# Engine benchmark: batch {a.groups} groups x {a.n} samples, {a.tokens} new tokens, "
           f"{os.cpu_count()} CPUs\n")
+    if not a.skip_paths:
+        engines = engine_paths.engines(model)
+        try:
+            prompts = [list(engine_paths.chat_prompt(next(iter(engines.values())).tokenizer, q))
+                       for q in ("What is 17 + 25? Put the answer in \\boxed{}.", "What is 3 + 58?")]
+            engine_paths.print_paths(engine_paths.bench_paths(engines, prompts, [1, 8, 32, 64], a.tokens, 2))
+        finally:
+            for e in engines.values():
+                e.close()
+    if a.cli_wall:
+        for label, wall in engine_paths.bench_cli_wall().items():
+            print(f"`python run.py`, {label}: {wall:.1f} s (load {os.getloadavg()[0]:.1f})\n")
     with tempfile.TemporaryDirectory() as tmp:
         data = _prompts(Path(tmp) / "p.jsonl", 64)
-        engine = HFEngine(model, num_threads=2, max_batch_size=64)
+        # the rollout stage at the default settings of conf/engine/hf.yaml
+        engine = HFEngine(model, num_threads=2, **engine_paths.default_engine_kwargs())
         engine.start()
         try:
             rr = bench_raw_vs_rollout(engine, data, a, a.reps)

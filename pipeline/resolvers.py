@@ -7,6 +7,8 @@
 * `${unique_dir:base}`: `base`, or `base_2`, `base_3`, ...: the first that does not exist, created
   on the spot (`os.mkdir` is atomic), so two runs started in the same second get two run dirs.
   Cached per config (and copied into each sweep job's config by Hydra, as `${now:}` is).
+* `${pick:flag,a,b}`: `a` if `flag` is true, else `b` (e.g. the hf engine's dtype: float32 in
+  deterministic mode, bfloat16 otherwise).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-__all__ = ["maximum", "multiply", "register_resolvers", "unique_dir"]
+__all__ = ["maximum", "multiply", "pick", "register_resolvers", "unique_dir"]
 
 
 def multiply(a: Any, b: Any) -> int | str:
@@ -54,6 +56,11 @@ def maximum(*values: Any) -> Any:
     return max(values)
 
 
+def pick(flag: Any, if_true: Any, if_false: Any) -> Any:
+    """`if_true` when `flag` is true (a bool, or the string "true"), else `if_false`."""
+    return if_true if flag is True or str(flag).lower() == "true" else if_false
+
+
 def register_resolvers() -> None:
     """Register every resolver above (idempotent)."""
     if not OmegaConf.has_resolver("multiply"):
@@ -62,3 +69,5 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("unique_dir", unique_dir, use_cache=True)
     if not OmegaConf.has_resolver("max"):
         OmegaConf.register_new_resolver("max", maximum)
+    if not OmegaConf.has_resolver("pick"):
+        OmegaConf.register_new_resolver("pick", pick)

@@ -14,6 +14,13 @@ alone or in any batch (up to float rounding differences from padding); a `batch_
 request also gets log-probs that do not depend on its batch (`hf_decode.log_probs_alone`).
 Supported models: those whose cache is a plain `DynamicCache` of full-attention layers (Llama,
 Qwen2, Mistral, ...).
+
+Decode paths (`decode_impl`): "static" (`pipeline.engines.hf_static`: pre-allocated KV cache, a
+lean decode step for Llama-family layers, batched sampling; other models fall back to "legacy"
+with a warning) and "legacy" (`hf_decode.DecodeBatch`: the transformers forward over a
+`DynamicCache`, padded and concatenated as rows join). Both prefill with the transformers
+forward. `dtype` bfloat16 roughly doubles throughput at batch >= 8 on AVX-512 BF16 CPUs; float32
+is the exact reference (greedy outputs of both paths agree on the bundled eval prompts).
 """
 
 from __future__ import annotations
@@ -31,8 +38,15 @@ import torch
 from pipeline.engines.assets import load_tokenizer, resolve_checkpoint
 from pipeline.engines.base import GenerationRequest, GenerationResult
 from pipeline.engines.hf_decode import DecodeBatch, Row, log_probs_alone
+from pipeline.engines.hf_lean import LeanDecoder, supports
+from pipeline.engines.hf_static import StaticDecodeBatch
 
-__all__ = ["HFEngine"]
+__all__ = ["HFEngine", "DECODE_IMPLS", "DTYPES"]
+
+# "static": pre-allocated KV cache, lean decode step, batched sampling (hf_static); "legacy":
+# the original DynamicCache path (hf_decode.DecodeBatch), kept for comparison and other models
+DECODE_IMPLS = frozenset({"static", "legacy"})
+DTYPES = frozenset({"float32", "bfloat16", "float16"})
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +65,12 @@ class HFEngine:
         attn_implementation: str = "sdpa",
         trust_remote_code: bool = False,
         seed: int = 0,
+        decode_impl: str = "static",
     ) -> None:
+        if decode_impl not in DECODE_IMPLS:
+            raise ValueError(f"engine.decode_impl must be one of {sorted(DECODE_IMPLS)}, got {decode_impl!r}")
+        if dtype not in DTYPES:
+            raise ValueError(f"engine.dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
         self.hf_checkpoint = hf_checkpoint
         self.cache_dir = cache_dir
         self.num_threads = num_threads
@@ -60,6 +79,8 @@ class HFEngine:
         self.dtype = dtype
         self.attn_implementation = attn_implementation
         self.trust_remote_code = trust_remote_code
+        self.decode_impl = decode_impl
+        self._decoder: LeanDecoder | None = None
         # seeds requests that carry no seed of their own
         self._rng = random.Random(seed)
         self.model: Any = None
@@ -105,10 +126,16 @@ class HFEngine:
             ).eval()
             self._eos_ids = frozenset(_eos_ids(self.model, tokenizer))
             self._max_positions = int(getattr(self.model.config, "max_position_embeddings", 1 << 30))
+            if self.decode_impl == "static":
+                reason = supports(self.model)
+                if reason is None:
+                    self._decoder = LeanDecoder(self.model)
+                else:
+                    logger.warning("hf engine: %s; using decode_impl=legacy", reason)
             self._thread = threading.Thread(target=self._loop, name="hf-engine-decode", daemon=True)
             self._thread.start()
-            logger.info("hf engine ready: %s, %d threads, max batch %d", path,
-                        self.num_threads, self.max_batch_size)
+            logger.info("hf engine ready: %s, %s, %s decode, %d threads, max batch %d", path, self.dtype,
+                        "static" if self._decoder else "legacy", self.num_threads, self.max_batch_size)
 
     def close(self) -> None:
         """Stop the decode thread; pending requests finish with "abort". Idempotent."""
@@ -198,7 +225,12 @@ class HFEngine:
     # -- decode thread ------------------------------------------------------------------------
 
     def _loop(self) -> None:
-        batch = DecodeBatch(self.model, self.tokenizer, pad_id=int(self.tokenizer.pad_token_id))
+        pad_id = int(self.tokenizer.pad_token_id)
+        batch: DecodeBatch | StaticDecodeBatch
+        if self._decoder is not None:
+            batch = StaticDecodeBatch(self.model, self.tokenizer, pad_id, self._decoder)
+        else:
+            batch = DecodeBatch(self.model, self.tokenizer, pad_id=pad_id)
         try:
             with torch.inference_mode():
                 while True:
@@ -223,7 +255,7 @@ class HFEngine:
                 row.error = RuntimeError(f"hf engine failed: {exc!r}")
                 row.on_done(row)
 
-    def _wait_for_work(self, batch: DecodeBatch) -> list[Row] | None:
+    def _wait_for_work(self, batch: DecodeBatch | StaticDecodeBatch) -> list[Row] | None:
         """Apply aborts, then take pending rows that fit; None when closed and drained."""
         with self._cv:
             while not batch.rows and not self._pending:

@@ -33,7 +33,8 @@ import torch
 
 from pipeline.engines.base import FinishReason, SamplingParams
 
-__all__ = ["Row", "DecodeBatch", "sample_next", "log_probs_alone"]
+__all__ = ["Row", "DecodeBatch", "sample_next", "log_probs_alone", "prefill", "finish_check",
+           "cache_keyword"]
 
 logger = logging.getLogger(__name__)
 
@@ -114,6 +115,49 @@ def _top_k_top_p(probs: torch.Tensor, rows: list[Row], need_cut: list[bool]) -> 
     return probs
 
 
+def prefill(model: Any, rows: list[Row], pad_id: int, cache_kw: str) -> tuple[Any, torch.Tensor, torch.Tensor]:
+    """One forward pass over the left-padded prompts of `rows` with a fresh `DynamicCache`.
+
+    Returns the filled cache, the [B, W] mask (1 for real tokens) and float32 last-token logits.
+    """
+    from transformers import DynamicCache
+
+    width = max(len(r.prompt_ids) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
+        mask[i, width - len(r.prompt_ids):] = 1
+    position_ids = (mask.cumsum(1) - 1).clamp(min=0)
+    cache = DynamicCache(config=model.config)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids,
+                use_cache=True, logits_to_keep=1, **{cache_kw: cache})
+    return cache, mask, out.logits[:, -1, :].float()
+
+
+def cache_keyword(model: Any) -> str:
+    """The forward keyword of the KV cache (transformers >= 5.2x renamed `past_key_values`)."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def finish_check(row: Row, tokenizer: Any) -> None:
+    """Set `row.finish_reason` if its last token ends it (stop id, stop string, length)."""
+    if row.output_ids[-1] in row.stop_ids:
+        row.finish_reason = "stop"
+    elif row.sampling.stop and _hit_stop_string(row, tokenizer):
+        row.finish_reason = "stop"
+    elif len(row.output_ids) >= row.max_new_tokens:
+        row.finish_reason = "length"
+
+
+def _hit_stop_string(row: Row, tokenizer: Any) -> bool:
+    longest = max(len(s) for s in row.sampling.stop)
+    # a stop string spans at most `longest` tokens (each token decodes to >= 1 char)
+    tail = tokenizer.decode(row.output_ids[-(longest + 1):], skip_special_tokens=True)
+    return any(s in tail for s in row.sampling.stop)
+
+
 class DecodeBatch:
     """Rows in flight plus their shared, left-padded KV cache."""
 
@@ -127,9 +171,7 @@ class DecodeBatch:
         self.mask: torch.Tensor | None = None
         self.last: torch.Tensor | None = None  # [B, 1] token to feed next
         self.tokens_generated = 0
-        # transformers >= 5.2x renamed `past_key_values` to `cache`
-        params = inspect.signature(model.forward).parameters
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._cache_kw = cache_keyword(model)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -140,21 +182,7 @@ class DecodeBatch:
         """Prefill `new_rows` and merge them into the running batch."""
         if not new_rows:
             return
-        from transformers import DynamicCache
-
-        width = max(len(r.prompt_ids) for r in new_rows)
-        ids = torch.full((len(new_rows), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(new_rows), width), dtype=torch.long)
-        for i, r in enumerate(new_rows):
-            ids[i, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
-            mask[i, width - len(r.prompt_ids):] = 1
-        position_ids = (mask.cumsum(1) - 1).clamp(min=0)
-        cache = DynamicCache(config=self.model.config)
-        out = self.model(
-            input_ids=ids, attention_mask=mask, position_ids=position_ids,
-            use_cache=True, logits_to_keep=1, **{self._cache_kw: cache},
-        )
-        logits = out.logits[:, -1, :].float()
+        cache, mask, logits = prefill(self.model, new_rows, self.pad_id, self._cache_kw)
         self._merge(new_rows, cache, mask)  # the cache is filled in place
         self._accept(new_rows, logits, offset=len(self.rows) - len(new_rows))
 
@@ -198,18 +226,7 @@ class DecodeBatch:
             row.output_ids.append(tok)
             row.log_probs.append(lp)
             self.last[offset + i, 0] = tok
-            if tok in row.stop_ids:
-                row.finish_reason = "stop"
-            elif row.sampling.stop and self._hit_stop_string(row):
-                row.finish_reason = "stop"
-            elif len(row.output_ids) >= row.max_new_tokens:
-                row.finish_reason = "length"
-
-    def _hit_stop_string(self, row: Row) -> bool:
-        longest = max(len(s) for s in row.sampling.stop)
-        # a stop string spans at most `longest` tokens (each token decodes to >= 1 char)
-        tail = self.tokenizer.decode(row.output_ids[-(longest + 1):], skip_special_tokens=True)
-        return any(s in tail for s in row.sampling.stop)
+            finish_check(row, self.tokenizer)
 
     def release_finished(self) -> list[Row]:
         """Remove rows that have a finish reason; return them. Also trims all-pad columns."""

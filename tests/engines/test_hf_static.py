@@ -1,0 +1,186 @@
+"""The hf engine's static decode path against the legacy path and float32, and its sampler.
+
+Stated tolerances (bfloat16 vs float32 on the bundled model, measured on the eval prompts:
+|Δ log-prob| of float32's greedy tokens mean 0.019, p95 0.07, max 0.15; next-token total
+variation mean 0.013, max 0.065): the tests allow mean |Δ| <= 0.05, max <= 0.5, and a total
+variation distance <= 0.15 between the token frequencies of 4,000 seeded draws per prompt
+(same seeds for both precisions; measured up to 0.104 over the first 8 eval prompts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipeline.engines import hf_static
+from pipeline.engines.base import GenerationRequest, SamplingParams
+from pipeline.engines.hf import HFEngine
+from pipeline.engines.hf_sampling import sample_batch
+from tests.engines.conftest import chat_ids, request, run
+
+EVAL = Path(__file__).resolve().parents[2] / "data" / "math_eval.jsonl"
+
+
+def _draws(logits: torch.Tensor, n: int, **sampling: float) -> torch.Tensor:
+    """`n` seeded samples from one row of logits (a batch of n identical rows, seeds 0..n-1)."""
+    params = [SamplingParams(**sampling)] * n
+    gens = [torch.Generator().manual_seed(i) for i in range(n)]
+    tokens, _ = sample_batch(logits.expand(n, -1).contiguous(), params, gens)
+    return tokens
+
+
+def _tv(a: torch.Tensor, b: torch.Tensor) -> float:
+    return 0.5 * float((a - b).abs().sum())
+
+
+def test_batched_sampler_draws_from_the_softmax_distribution() -> None:
+    logits = torch.randn(1, 10, generator=torch.Generator().manual_seed(0)) * 1.5
+    n = 20000
+    freq = torch.bincount(_draws(logits, n, temperature=0.7), minlength=10).float() / n
+    # sampling noise alone gives a total variation of about 0.01 at this n
+    assert _tv(freq, torch.softmax(logits[0] / 0.7, -1)) < 0.03
+
+
+def test_batched_sampler_top_k_and_top_p_renormalise_the_kept_tokens() -> None:
+    logits = torch.tensor([[3.0, 2.5, 2.0, 1.0, 0.5, 0.0, -1.0, -2.0]])
+    probs = torch.softmax(logits[0], -1)
+    n = 20000
+    top3 = torch.bincount(_draws(logits, n, top_k=3), minlength=8).float() / n
+    expected = torch.where(torch.arange(8) < 3, probs, torch.zeros_like(probs))
+    assert top3[3:].sum() == 0 and _tv(top3, expected / expected.sum()) < 0.03
+    # nucleus 0.6: keep tokens whose mass above them is < 0.6
+    before = probs.cumsum(0) - probs
+    nucleus = torch.where(before < 0.6, probs, torch.zeros_like(probs))
+    top_p = torch.bincount(_draws(logits, n, top_p=0.6), minlength=8).float() / n
+    assert top_p[nucleus == 0].sum() == 0 and _tv(top_p, nucleus / nucleus.sum()) < 0.03
+
+
+def test_batched_sampler_seeded_row_is_the_same_alone_and_in_a_batch() -> None:
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(1))
+    params = [SamplingParams(temperature=1.0), SamplingParams(temperature=0.0),
+              SamplingParams(temperature=0.9, top_p=0.8), SamplingParams(temperature=1.2, top_k=5)]
+    batch, batch_lp = sample_batch(logits, params, [torch.Generator().manual_seed(s) for s in range(4)])
+    for i in range(4):
+        alone, alone_lp = sample_batch(logits[i:i + 1], params[i:i + 1], [torch.Generator().manual_seed(i)])
+        assert int(alone[0]) == int(batch[i]) and alone_lp[0] == pytest.approx(batch_lp[i])
+    assert int(batch[1]) == int(logits[1].argmax())
+    assert batch_lp[1] == pytest.approx(float(torch.log_softmax(logits[1], -1)[batch[1]]))
+
+
+def test_unknown_decode_impl_or_dtype_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="engine.decode_impl must be one of"):
+        HFEngine("smollm2-135m-instruct", decode_impl="fast")
+    with pytest.raises(ValueError, match="engine.dtype must be one of"):
+        HFEngine("smollm2-135m-instruct", dtype="int8")
+
+
+@pytest.fixture(scope="module")
+def legacy_engine(model_path: str) -> Iterator[HFEngine]:
+    engine = HFEngine(model_path, num_threads=2, max_batch_size=64, decode_impl="legacy")
+    engine.start()
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def bf16_engine(model_path: str) -> Iterator[HFEngine]:
+    engine = HFEngine(model_path, num_threads=2, max_batch_size=8, dtype="bfloat16")
+    engine.start()
+    yield engine
+    engine.close()
+
+
+def _eval_prompts(tok: object, n: int | None = None) -> list[list[int]]:
+    rows = [json.loads(line) for line in EVAL.read_text().splitlines() if line.strip()]
+    return [chat_ids(tok, r["input"]) for r in rows[:n]]
+
+
+async def _greedy_all(engine: HFEngine, prompts: list[list[int]], tokens: int) -> list:
+    return await asyncio.gather(*(engine.generate(GenerationRequest(
+        f"e{i}", input_ids=p, sampling=SamplingParams(temperature=0.0, max_new_tokens=tokens)))
+        for i, p in enumerate(prompts)))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_static_float32_greedy_equals_legacy_on_the_eval_prompts(model_path: str,
+                                                                  legacy_engine: HFEngine) -> None:
+    static = HFEngine(model_path, num_threads=2, max_batch_size=64, decode_impl="static")
+    try:
+        static.start()
+        assert static._decoder is not None  # the static path really runs
+        prompts = _eval_prompts(static.tokenizer)
+        assert len(prompts) == 60
+        new = run(_greedy_all(static, prompts, 24))
+        old = run(_greedy_all(legacy_engine, prompts, 24))
+    finally:
+        static.close()
+    assert [r.output_ids for r in new] == [r.output_ids for r in old]
+    for a, b in zip(new, old):
+        assert torch.allclose(torch.tensor(a.log_probs), torch.tensor(b.log_probs), atol=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_rows_joining_with_longer_prompts_and_cache_growth_match_each_alone(
+        hf_engine: HFEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Late rows with longer prompts shift the running rows; a tiny growth step makes the
+    buffer grow and reclaim columns many times; every row still decodes as it does alone."""
+    monkeypatch.setattr(hf_static, "_MIN_COLUMNS", 4)
+    tok = hf_engine.tokenizer
+    questions = ["Hi.", "Write a long sentence about the sea, the ships and the harbour at night.",
+                 "Name three colours and a fruit."]
+    kw = dict(temperature=0.0, max_new_tokens=20)
+
+    async def staggered() -> list:
+        tasks = []
+        for i, q in enumerate(questions):
+            tasks.append(asyncio.create_task(hf_engine.generate(request(tok, f"s{i}", q, **kw))))
+            await asyncio.sleep(0.4)
+        return await asyncio.gather(*tasks)
+
+    together = run(staggered())
+    for i, q in enumerate(questions):
+        alone = run(hf_engine.generate(request(tok, f"a{i}", q, **kw)))
+        assert together[i].output_ids == alone.output_ids
+        assert torch.allclose(torch.tensor(together[i].log_probs), torch.tensor(alone.log_probs), atol=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_bfloat16_log_probs_and_sampling_stay_close_to_float32(hf_engine: HFEngine,
+                                                              bf16_engine: HFEngine) -> None:
+    tok = hf_engine.tokenizer
+    prompts = _eval_prompts(tok, 8)
+    reference = run(_greedy_all(hf_engine, prompts, 16))  # float32
+    diffs: list[float] = []
+    with torch.inference_mode():
+        for prompt, ref in zip(prompts, reference):
+            ids = torch.tensor([prompt + ref.output_ids])
+            logits = bf16_engine.model(input_ids=ids).logits[0].float()
+            start = len(prompt) - 1
+            lp = torch.log_softmax(logits[start:start + len(ref.output_ids)], -1)
+            lp = lp.gather(1, torch.tensor(ref.output_ids)[:, None]).squeeze(1)
+            diffs += (lp - torch.tensor(ref.log_probs)).abs().tolist()
+            # the next-token distribution after the prompt: seeded draws from both precisions
+            first32 = hf_engine.model(input_ids=ids[:, :len(prompt)]).logits[:, -1].float()
+            first16 = logits[start:start + 1]
+            n = 4000
+            f32 = torch.bincount(_draws(first32, n), minlength=first32.shape[1]).float() / n
+            f16 = torch.bincount(_draws(first16, n), minlength=first32.shape[1]).float() / n
+            assert _tv(f32, f16) <= 0.15
+    assert sum(diffs) / len(diffs) <= 0.05 and max(diffs) <= 0.5
+    # the bf16 engine's own log-probs are those of its (bf16) model
+    res = run(bf16_engine.generate(request(tok, "b", temperature=1.0, max_new_tokens=8, seed=4)))
+    ids = torch.tensor([chat_ids(tok, "What is 7 + 5?") + res.output_ids])
+    with torch.inference_mode():
+        logits = bf16_engine.model(input_ids=ids).logits[0].float()
+    start = ids.shape[1] - len(res.output_ids) - 1
+    expected = torch.log_softmax(logits[start:start + len(res.output_ids)], -1)
+    expected = expected.gather(1, torch.tensor(res.output_ids)[:, None]).squeeze(1)
+    assert (torch.tensor(res.log_probs) - expected).abs().mean() <= 0.05
