@@ -156,6 +156,8 @@ def test_two_runs_on_one_dir_and_a_resume_of_a_live_run_fail_at_once(tmp_path):
     try:
         lock = run_dir / LOCK_FILE
         wait_for(lambda: lock.is_file() and lock.read_text().strip(), "the lock", first)
+        # a finished rollout before the Ctrl-C below, so the steps checked after it exist
+        wait_for(lambda: has_steps(run_dir), "the first rollout", first)
         holder = f"in use by pid {first.pid} on host {socket.gethostname()}"
         for args in ([*EXPERIMENT, f"hydra.run.dir={run_dir}"], [f"resume={run_dir}", "num_rollout=5"]):
             began = time.monotonic()
