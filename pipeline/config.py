@@ -280,7 +280,8 @@ class SlimeArgs:
         values["buffer_filter_path"] = filt.get("_target_") or filt.get("path")
         dyn = plain.get("dynamic_filter") or {}
         values["dynamic_sampling_filter_path"] = dyn.get("_target_") or dyn.get("path")
-        values.setdefault("rollout_global_dataset", True)
+        # slime's --disable-rollout-global-dataset is a source without a prompt file (buffer-only)
+        values.setdefault("rollout_global_dataset", values.get("prompt_data") is not None)
         return cls(values)
 
     def __getattr__(self, name: str) -> Any:

@@ -190,9 +190,30 @@ def _cross_group(cfg: dict[str, Any], out: list[str]) -> None:
         out.extend([problem] if problem else [])
 
 
+def _buffer_only(cfg: dict[str, Any], ds: dict[str, Any], out: list[str]) -> bool:
+    """True when the source has no prompt file (checked here); a buffer-only source needs a
+    rollout that fills the samples itself, the plain one cannot be buffer-only."""
+    target = str(_target(ds) or "")
+    if "path" in ds:
+        if ds["path"] is not None:
+            return False
+    elif not target.endswith("BufferedDataSource") or cfg.get("prompt_data") is not None:
+        return False  # built from args (data_source=slime) with +prompt_data, or another class
+    if target.endswith("PlainDataSource"):
+        out.append("data_source.path: null, but the plain source needs a prompt file; for a buffer-only "
+                   "source (slime's --disable-rollout-global-dataset) use data_source=buffered")
+        return True
+    rollout = str(_target(cfg.get("rollout")) or "")
+    if rollout.startswith(("pipeline.rollout.engine_rollout.", "pipeline.rollout.sft.")):
+        out.append(f"data_source: no prompt file (buffer-only, slime's --disable-rollout-global-dataset), so "
+                   f"{rollout.rsplit('.', 1)[-1]} would get empty prompts; use a rollout function that fills "
+                   f"the samples (rollout=function rollout.path=...) or set data_source.path")
+    return True
+
+
 def _data_path(cfg: dict[str, Any], out: list[str]) -> None:
     ds = cfg.get("data_source")
-    if not isinstance(ds, dict) or "path" not in ds:
+    if not isinstance(ds, dict) or _buffer_only(cfg, ds, out) or "path" not in ds:
         return
     if "seed" in ds and not _is_int(ds["seed"]):
         out.append(f"data_source.seed: expected an integer, got {ds['seed']!r}")

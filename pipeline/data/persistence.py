@@ -38,7 +38,8 @@ class CheckpointMixin:
 
     def fingerprint(self) -> dict[str, Any]:
         """Data fingerprint plus the settings that decide the order and group shape."""
-        return {**self.dataset.fingerprint(), "n_samples_per_prompt": self.n_samples_per_prompt,
+        data = self.dataset.fingerprint() if self.dataset is not None else {"prompt_data": None}
+        return {**data, "n_samples_per_prompt": self.n_samples_per_prompt,
                 "seed": self.seed, "shuffle": self.shuffle}
 
     def state_dict(self) -> dict[str, Any]:
@@ -67,7 +68,7 @@ class CheckpointMixin:
                 raise DataFingerprintMismatch(msg + ". Pass data_source.allow_data_change=true to load it anyway.")
             logger.warning("%s (allow_data_change is set; loading anyway)", msg)
         self.epoch_id = int(state["epoch_id"])
-        self.sample_offset = min(int(state["sample_offset"]), len(self.dataset))
+        self.sample_offset = min(int(state["sample_offset"]), len(self))
         self.sample_group_index = int(state["sample_group_index"])
         self.sample_index = int(state["sample_index"])
         self.current_rollout_id = state.get("current_rollout_id")
@@ -126,7 +127,7 @@ class CheckpointMixin:
     def _load_slime(self, path: Path) -> None:
         state = ckpt.read_slime_state(path)
         self.epoch_id = int(state["epoch_id"])
-        self.sample_offset = min(int(state["sample_offset"]), len(self.dataset))
+        self.sample_offset = min(int(state["sample_offset"]), len(self))
         self.sample_group_index = int(state["sample_group_index"])
         self.sample_index = int(state["sample_index"])
         self.metadata = dict(state.get("metadata") or {})

@@ -27,6 +27,7 @@ from pipeline.data.column_codec import (decode_array, decode_column, encode_arra
                                         pack_raw)
 from pipeline.data.errors import CheckpointError
 from pipeline.sample import Sample
+from pipeline.sample_meta import coerce_status
 
 __all__ = ["encode_groups", "decode_groups", "gc_paused", "json_default"]
 
@@ -54,8 +55,23 @@ def gc_paused(promote: bool = False) -> Iterator[None]:
             gc.enable()
 
 
-_ARRAYS = {"tokens": int, "loss_mask": int, "rollout_log_probs": float}
+_ARRAYS = {"tokens": int, "loss_mask": int, "rollout_log_probs": float, "rollout_top_p_token_ids": int,
+           "rollout_top_p_token_offsets": int, "teacher_log_probs": float}
 _FIELDS = tuple(f for f in Sample.__dataclass_fields__ if f not in _ARRAYS)
+# fields holding a record object (None: not made yet), stored as their dicts
+_RECORDS = {"spec_info": Sample.SpecInfo, "prefix_cache_info": Sample.PrefixCacheInfo}
+# fields a plugin may fill with tensors / arrays: stored as (nested) lists
+_LISTLIKE = frozenset(_ARRAYS) | {"rollout_routed_experts"}
+
+
+def _plain(value: Any) -> Any:
+    """A tensor / numpy array as (nested) lists; anything else as it is."""
+    return value.tolist() if hasattr(value, "tolist") and not isinstance(value, (list, str)) else value
+
+
+def _record_dict(value: Any) -> Any:
+    """A record (or the dict a foreign sample gives) as a dict; None stays None."""
+    return value if value is None or isinstance(value, dict) else value.to_dict()
 
 
 def _default(name: str) -> Any:
@@ -68,8 +84,7 @@ def _default(name: str) -> Any:
 
 def _sample_dict(s: Any) -> dict[str, Any]:
     d = dict(s.__dict__) if isinstance(s, Sample) else dict(s.to_dict() if hasattr(s, "to_dict") else vars(s))
-    status = d.get("status", Sample.Status.PENDING)
-    d["status"] = getattr(status, "value", status)
+    d["status"] = coerce_status(d.get("status", Sample.Status.PENDING)).value
     return d
 
 
@@ -108,6 +123,11 @@ def encode_groups(groups: list[list[Any]], raw: bool = False) -> dict[str, Any]:
         if not columns:
             columns = {name: _column(dicts, name, (lambda: None) if name in _ARRAYS else _default(name))
                        for name in _ALL}
+        for name in _LISTLIKE:
+            if not set(map(type, columns[name])) <= {list, type(None)}:
+                columns[name] = list(map(_plain, columns[name]))
+        for name in _RECORDS:
+            columns[name] = list(map(_record_dict, columns[name]))
         for name, kind in _ARRAYS.items():
             values = columns[name]
             enc = encode_array(values, kind, pack, (out["group_sizes"], columns["response_length"])
@@ -134,6 +154,18 @@ _STATUS_VALUE = {s: s.value for s in Sample.Status}
 _POSITION = {name: i for i, name in enumerate(Sample.__dataclass_fields__)}
 
 
+def _missing_fields(base: dict[str, Any]) -> list[tuple[str, Any]]:
+    """Give `base` the defaults of the fields an older checkpoint lacks; returns (name, factory)
+    of those whose default is a fresh container (filled per sample)."""
+    fresh = []
+    for name, f in Sample.__dataclass_fields__.items():
+        if name not in base:
+            base[name] = None if f.default_factory is not dataclasses.MISSING else f.default
+            if f.default_factory is not dataclasses.MISSING:
+                fresh.append((name, f.default_factory))
+    return fresh
+
+
 def decode_groups(enc: dict[str, Any]) -> list[list[Sample]]:
     """Inverse of `encode_groups`: fresh `Sample` objects, extra attributes restored."""
     with gc_paused(promote=True):
@@ -152,6 +184,12 @@ def decode_groups(enc: dict[str, Any]) -> list[list[Sample]]:
         for name, arr in enc["arrays"].items():
             base[name] = None
             columns[name] = decode_array(arr, sizes)
+        for name in _RECORDS:  # a record object per sample (a const column means equal counters)
+            if name in base and base[name] is not None:
+                columns[name], base[name] = [base[name]] * total, None
+            if name in columns:
+                columns[name] = [None if d is None else _RECORDS[name].from_dict(d) for d in columns[name]]
+        fresh = _missing_fields(base)
         base = dict(sorted(base.items(), key=lambda kv: _POSITION.get(kv[0], len(_POSITION))))
         if "status" in columns:
             columns["status"] = list(map(_STATUS.__getitem__, columns["status"]))
@@ -167,6 +205,9 @@ def decode_groups(enc: dict[str, Any]) -> list[list[Sample]]:
             rows = [copy() for _ in range(total)]
         if len(rows) != total:
             raise CheckpointError(f"buffer encoding holds {len(rows)} samples, group sizes say {total}")
+        for name, factory in fresh:
+            for d in rows:
+                d[name] = factory()
         for i, extra in enc["extras"]:
             rows[i].update(extra)
         samples = list(map(object.__new__, repeat(Sample, total)))

@@ -1,9 +1,12 @@
 """Plain and buffered data sources (SPEC §4, §5), slime-compatible.
 
-`get_samples(num_groups)` hands out the next `num_groups` prompts of the epoch order as
-groups of `n_samples_per_prompt` fresh samples. Samples are built at fetch time from the
-decoded row: no deep copy, yet no mutable object is shared between samples of a group or
-with later fetches (each sample gets its own metadata/prompt/label copy).
+`get_samples(num_samples)` hands out the next `num_samples` prompts of the epoch order as
+groups of `n_samples_per_prompt` fresh samples (slime's name: the count is of groups). Samples
+are built at fetch time from the decoded row: no deep copy, yet no mutable object is shared
+between samples of a group or with later fetches (each sample gets its own metadata/prompt/label
+copy). Without a prompt file the buffered source is buffer-only (slime's
+`--disable-rollout-global-dataset`): add_samples fills it, and a short buffer is topped up with
+empty samples for the rollout function to fill, as slime does.
 """
 
 from __future__ import annotations
@@ -43,8 +46,17 @@ _FRESH_FIELDS = frozenset(f.name for f in dataclasses.fields(Sample)
                           if f.default_factory is not dataclasses.MISSING)
 # `_groups` fills a copy of the default `__dict__` directly when `Sample.__init__` only sets
 # fields and the fresh containers are the ones it replaces; otherwise it calls `Sample(...)`
-_FAST_INIT = _FRESH_FIELDS == {"tokens", "weight_versions", "metadata"} and not hasattr(Sample, "__post_init__")
+_FAST_INIT = _FRESH_FIELDS == {"tokens", "apply_chat_template_kwargs", "weight_versions", "metadata"} \
+    and not hasattr(Sample, "__post_init__")
 _TEMPLATE = dict(Sample().__dict__)
+
+
+def _slime_form(slime_args: Any, path: Any, n_samples_per_prompt: Any, args: Any) -> Any:
+    """The slime args namespace when a source is built slime's way (`cls(args)`, or
+    `cls(args=args)` without path and n_samples_per_prompt), else None."""
+    if slime_args is not None:
+        return slime_args
+    return args if args is not None and path is None and n_samples_per_prompt is None else None
 
 
 def _copies(obj: Any, n: int) -> list[Any]:
@@ -64,8 +76,11 @@ def _copies(obj: Any, n: int) -> list[Any]:
 class PlainDataSource(CheckpointMixin):
     """Prompts in epoch order as groups of fresh samples; read-only (no buffer).
 
-    Build it from keywords (Hydra: `conf/data_source/plain.yaml`), from a slime args namespace
-    (`PlainDataSource(args)` or `PlainDataSource.from_args(args)`), or both via `args=`.
+    Build it from keywords (Hydra: `conf/data_source/plain.yaml`) or, as slime's RolloutManager
+    builds `--data-source-path`, from a slime args namespace alone: `PlainDataSource(args)`,
+    `PlainDataSource(args=args)` (args given, neither path nor n_samples_per_prompt) or
+    `PlainDataSource.from_args(args)`; then `tokenizer`, `save_dir` and `load_dir` keywords still
+    apply, and `args.save` / `args.load` give `<save>/rollout` / `<load>/rollout`.
     `path` (`file@[a:b]` slices allowed), the keys and `max_prompt_len` define the prompts
     (see `PromptDataset`); `seed`/`shuffle` the epoch order (SPEC §3); `save_dir`/`load_dir`,
     `keep_checkpoints` and `allow_data_change` the checkpoints (SPEC §5). `tokenizer` is a HF
@@ -98,13 +113,18 @@ class PlainDataSource(CheckpointMixin):
         allow_data_change: bool = False,
         args: Any = None,
     ) -> None:
-        if slime_args is not None:  # slime style: DataSource(args)
+        slime_args = _slime_form(slime_args, path, n_samples_per_prompt, args)
+        if slime_args is not None:  # slime style: DataSource(args) / DataSource(args=args)
             kwargs = kwargs_from_args(slime_args)
             kwargs.pop("buffer_filter_path")
+            given = {"tokenizer": tokenizer, "save_dir": save_dir, "load_dir": load_dir}
+            kwargs.update({k: v for k, v in given.items() if v is not None})
             PlainDataSource.__init__(self, **kwargs, args=slime_args)
             return
-        if not path:
-            raise DataError("data source: path (slime: prompt_data) is required")
+        if not path and not self.buffer_only_ok:
+            raise DataError("data source: path (slime: prompt_data) is required; without a prompt file use "
+                            "the buffered source (data_source=buffered data_source.path=null: buffer-only, "
+                            "slime's --disable-rollout-global-dataset)")
         if isinstance(n_samples_per_prompt, bool) or not isinstance(n_samples_per_prompt, int) \
                 or n_samples_per_prompt < 1:
             raise DataError(f"n_samples_per_prompt must be an integer >= 1, got {n_samples_per_prompt!r}")
@@ -114,12 +134,13 @@ class PlainDataSource(CheckpointMixin):
             raise DataError(f"keep_checkpoints must be an integer >= 1, got {keep_checkpoints!r}")
         if tokenizer is None and (apply_chat_template or max_prompt_len is not None) and args is not None:
             tokenizer = tokenizer_from_args(args)  # no engine tokenizer injected: use hf_checkpoint
-        self.dataset = PromptDataset(
+        # None: buffer-only (no prompt file)
+        self.dataset: PromptDataset | None = PromptDataset(
             path, input_key=input_key, label_key=label_key, metadata_key=metadata_key,
             tool_key=tool_key, apply_chat_template=apply_chat_template,
             apply_chat_template_kwargs=apply_chat_template_kwargs, tokenizer=tokenizer,
             max_prompt_len=max_prompt_len, skip_bad_rows=skip_bad_rows, cache_dir=cache_dir,
-        )
+        ) if path else None
         self.n_samples_per_prompt = n_samples_per_prompt
         self.seed, self.shuffle = seed, bool(shuffle)
         self.save_dir = save_dir
@@ -129,7 +150,8 @@ class PlainDataSource(CheckpointMixin):
         self.args = args if args is not None else SimpleNamespace(
             n_samples_per_prompt=n_samples_per_prompt, rollout_seed=seed, rollout_shuffle=self.shuffle,
             prompt_data=path, reward_key=None)
-        self._order = EpochOrder(len(self.dataset), seed, self.shuffle, ArrayCache(cache_dir, "epoch_order"))
+        self._order = EpochOrder(len(self), seed, self.shuffle, ArrayCache(cache_dir, "epoch_order")) \
+            if self.dataset is not None else None
         self.epoch_id = 0
         self.sample_offset = 0
         self.sample_group_index = 0
@@ -151,9 +173,20 @@ class PlainDataSource(CheckpointMixin):
         kwargs.update(overrides)
         return cls(**kwargs, args=args)
 
+    buffer_only_ok = False  # the plain source needs a prompt file
+
     # ------------------------------------------------------------------ reading
     def __len__(self) -> int:
-        return len(self.dataset)
+        """Number of prompts (0 for a buffer-only source, as slime)."""
+        return len(self.dataset) if self.dataset is not None else 0
+
+    def update_metadata(self, metadata: dict[str, Any]) -> None:
+        """slime: merge `metadata` into the free-form state saved with checkpoints."""
+        self.metadata.update(metadata)
+
+    def get_metadata(self) -> dict[str, Any]:
+        """slime: the free-form state saved with checkpoints."""
+        return self.metadata
 
     def begin_rollout(self, rollout_id: int) -> None:
         """Called by the runner before each rollout; buffer filters get this id."""
@@ -200,7 +233,7 @@ class PlainDataSource(CheckpointMixin):
                     d = template.copy()
                     d["group_index"], d["index"] = gi + k, first + j
                     d["prompt"], d["label"], d["metadata"] = prompts[j], labels[j], metas[j]
-                    d["tokens"], d["weight_versions"] = [], []
+                    d["tokens"], d["weight_versions"], d["apply_chat_template_kwargs"] = [], [], {}
                     sample = new(Sample)
                     sample.__dict__ = d
                     group.append(sample)
@@ -213,19 +246,29 @@ class PlainDataSource(CheckpointMixin):
             raise DataError(f"get_samples: num_groups must be a non-negative integer, got {num_groups!r}")
         return int(num_groups)
 
-    def get_samples(self, num_groups: int, rollout_id: int | None = None) -> list[list[Sample]]:
-        """The next `num_groups` prompts as groups of `n_samples_per_prompt` fresh samples."""
-        num_groups = self._check_num(num_groups)
-        if num_groups > len(self.dataset) and not self._wrap_noted:
+    def get_samples(self, num_samples: int, rollout_id: int | None = None) -> list[list[Sample]]:
+        """The next `num_samples` prompts as groups of `n_samples_per_prompt` fresh samples
+        (buffer-only: empty samples with fresh group and sample indices)."""
+        num_samples = self._check_num(num_samples)
+        if self.dataset is None:
+            return self._empty_groups(num_samples)
+        if num_samples > len(self.dataset) and not self._wrap_noted:
             self._wrap_noted = True
             logger.warning(
                 "%s: a request for %d groups is larger than the dataset (%d prompts): the epoch wraps "
                 "inside one batch, so the same prompts appear more than once in it (noted once; lower "
                 "rollout_batch_size / over_sampling_batch_size or add prompts)",
-                self.dataset.path, num_groups, len(self.dataset))
-        return self._groups(self._next_rows(num_groups))
+                self.dataset.path, num_samples, len(self.dataset))
+        return self._groups(self._next_rows(num_samples))
 
-    def add_samples(self, groups: list[list[Sample]]) -> None:
+    def _empty_groups(self, num: int) -> list[list[Sample]]:
+        """`num` groups of fresh default samples; advances the global counters."""
+        n, gi, idx = self.n_samples_per_prompt, self.sample_group_index, self.sample_index
+        out = [[Sample(group_index=gi + k, index=idx + k * n + j) for j in range(n)] for k in range(num)]
+        self.sample_group_index, self.sample_index = gi + num, idx + num * n
+        return out
+
+    def add_samples(self, samples: list[list[Sample]]) -> None:
         """The plain source has no buffer."""
         raise TypeError(
             "PlainDataSource is read-only: add_samples needs a buffer; use "
@@ -238,9 +281,10 @@ class PlainDataSource(CheckpointMixin):
 
     def metrics(self) -> dict[str, float]:
         """Gauges for the run log: buffer size, epoch, skipped/too-long rows, filter counters."""
+        ds = self.dataset
         out = {"buffer/size": float(self.get_buffer_length()), "data/epoch": float(self.epoch_id),
-               "data/skipped_rows": float(self.dataset.skipped_rows),
-               "data/too_long_prompts": float(self.dataset.too_long)}
+               "data/skipped_rows": float(ds.skipped_rows if ds is not None else 0),
+               "data/too_long_prompts": float(ds.too_long if ds is not None else 0)}
         filt = getattr(self, "buffer_filter", None)
         if hasattr(filt, "metrics"):
             out.update(filt.metrics())
@@ -248,12 +292,21 @@ class PlainDataSource(CheckpointMixin):
 
 
 class BufferedDataSource(PlainDataSource):
-    """A data source with a buffer of groups that the buffer filter serves first."""
+    """A data source with a buffer of groups that the buffer filter serves first.
+
+    Without `path` (slime: prompt_data unset, or `rollout_global_dataset=False`) it is
+    buffer-only: no prompt file, groups come from `add_samples`, and when the buffer runs short
+    `get_samples` tops up with empty samples (fresh indices) for the rollout function to fill.
+    Its checkpoints hold the buffer as well (slime saves nothing in that mode).
+    """
+
+    buffer_only_ok = True
 
     def __init__(self, slime_args: Any = None, /, *, buffer_filter: Callable[..., Any] | str | None = None,
                  **kwargs: Any) -> None:
-        if slime_args is not None and buffer_filter is None:
-            buffer_filter = getattr(slime_args, "buffer_filter_path", None)
+        form = _slime_form(slime_args, kwargs.get("path"), kwargs.get("n_samples_per_prompt"), kwargs.get("args"))
+        if form is not None and buffer_filter is None:
+            buffer_filter = getattr(form, "buffer_filter_path", None)
         super().__init__(slime_args, **kwargs)
         if isinstance(buffer_filter, str):
             buffer_filter = import_path(buffer_filter)
@@ -264,9 +317,9 @@ class BufferedDataSource(PlainDataSource):
         self.buffer_filter = buffer_filter or pop_first
         self.buffer: list[list[Any]] = []
 
-    def get_samples(self, num_groups: int, rollout_id: int | None = None) -> list[list[Any]]:
-        """Groups from the buffer filter first, topped up from the dataset."""
-        num_groups = self._check_num(num_groups)
+    def get_samples(self, num_samples: int, rollout_id: int | None = None) -> list[list[Any]]:
+        """Groups from the buffer filter first, topped up from the dataset (or with empty samples)."""
+        num_groups = self._check_num(num_samples)
         rid = rollout_id if rollout_id is not None else self.current_rollout_id
         groups: list[list[Any]] = []
         if self.buffer and num_groups:
@@ -281,8 +334,9 @@ class BufferedDataSource(PlainDataSource):
             groups = groups + super().get_samples(num_groups - len(groups))
         return groups
 
-    def add_samples(self, groups: list[list[Any]]) -> None:
+    def add_samples(self, samples: list[list[Any]]) -> None:
         """Append groups to the buffer; each must hold exactly n_samples_per_prompt samples."""
+        groups = samples
         if not isinstance(groups, list):
             raise DataError(f"add_samples expects a list of groups (lists of Samples), got {type(groups).__name__}")
         n = self.n_samples_per_prompt

@@ -10,13 +10,15 @@ import pytest
 
 from pipeline import Sample
 
-FIELDS = [
+FIELDS = [  # slime @624b824 slime/utils/types.py, in order
     ("group_index", None), ("index", None), ("rollout_id", None), ("prompt", ""), ("tokens", []),
-    ("multimodal_inputs", None), ("multimodal_train_inputs", None), ("response", ""),
-    ("response_length", 0), ("label", None), ("reward", None), ("loss_mask", None),
-    ("weight_versions", []), ("rollout_log_probs", None), ("remove_sample", False),
-    ("status", Sample.Status.PENDING), ("metadata", {}), ("generate_function_path", None),
-    ("custom_rm_path", None), ("train_metadata", None), ("session_id", None),
+    ("multimodal_inputs", None), ("multimodal_train_inputs", None), ("multimodal_train_input_id", None),
+    ("apply_chat_template_kwargs", {}), ("response", ""), ("response_length", 0), ("label", None),
+    ("reward", None), ("loss_mask", None), ("weight_versions", []), ("rollout_log_probs", None),
+    ("rollout_top_p_token_ids", None), ("rollout_top_p_token_offsets", None), ("rollout_routed_experts", None),
+    ("remove_sample", False), ("teacher_log_probs", None), ("status", Sample.Status.PENDING), ("metadata", {}),
+    ("generate_function_path", None), ("custom_rm_path", None), ("train_metadata", None), ("session_id", None),
+    ("non_generation_time", 0.0), ("spec_info", Sample.SpecInfo()), ("prefix_cache_info", Sample.PrefixCacheInfo()),
 ]
 
 
@@ -27,7 +29,11 @@ def test_fields_order_and_defaults() -> None:
     assert Sample(1, 2, 3, "p").prompt == "p" and Sample(1, 2, 3).rollout_id == 3
     a, b = Sample(), Sample()
     a.tokens.append(1), a.metadata.update(x=1), a.weight_versions.append("v")
-    assert b.tokens == [] and b.metadata == {} and b.weight_versions == []
+    a.apply_chat_template_kwargs["k"] = 1
+    a.spec_info.spec_verify_ct += 1
+    a.prefix_cache_info.cached_tokens += 1
+    assert b.tokens == [] and b.metadata == {} and b.weight_versions == [] and b.apply_chat_template_kwargs == {}
+    assert b.spec_info.spec_verify_ct == 0 and b.prefix_cache_info.cached_tokens == 0
 
 
 def test_status_values() -> None:
