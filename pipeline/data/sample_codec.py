@@ -184,9 +184,7 @@ def decode_groups(enc: dict[str, Any]) -> list[list[Sample]]:
         for name, arr in enc["arrays"].items():
             base[name] = None
             columns[name] = decode_array(arr, sizes)
-        for name in _RECORDS:  # a record object per sample (a const column means equal counters)
-            if name in base and base[name] is not None:
-                columns[name], base[name] = [base[name]] * total, None
+        for name in _RECORDS:  # a record object per sample (a column of None: never made)
             if name in columns:
                 columns[name] = [None if d is None else _RECORDS[name].from_dict(d) for d in columns[name]]
         fresh = _missing_fields(base)
