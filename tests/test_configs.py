@@ -66,6 +66,8 @@ def option_overrides(group: str, option: str, d: Path) -> list[str]:
         ("advantage", "rloo"): ["n_samples_per_prompt=2"],
         ("reward", "custom"): ["reward.custom_rm_path=examples.reward.brevity_math", "allowed_targets_extra=[examples.]"],
         ("reward", "dapo"): ["reward_key=score"],
+        # built from args alone (slime's names): the prompt file is prompt_data, not data_source.path
+        ("data_source", "slime"): [f"+prompt_data={d}/train.jsonl"],
     }
     if group == "engine" and option != "scripted":
         # model engines are built lazily; only their tokenizer (for the chat template) would load
@@ -83,6 +85,8 @@ def compose_cfg(overrides: list[str]):
 @pytest.mark.parametrize("group,option", discover())
 def test_every_option_composes_resolves_and_builds(group, option, workdir):
     overrides = base_overrides(workdir) + [f"{group}={option}"] + option_overrides(group, option, workdir)
+    if (group, option) == ("data_source", "slime"):  # its node has no keyword settings
+        overrides = [o for o in overrides if not o.startswith("data_source.")]
     cfg = compose_cfg(overrides)
     plain = to_plain(cfg)  # resolves every interpolation; raises on ??? (missing) values
     validate(cfg)
@@ -165,6 +169,11 @@ def test_data_source_filter_product(ds, filt, workdir):
     ("logger=wandb logger.mode=cloud", "logger.mode: expected offline, online or disabled, got 'cloud'"),
     ("data_source.seed=abc", "data_source.seed: expected an integer, got 'abc'"),
     ("data_source.shuffle=3", "data_source.shuffle: expected true or false, got 3"),
+    ("data_source.path=null", "data_source.path: null, but the plain source needs a prompt file; for a buffer-only"),
+    ("data_source=buffered data_source.path=null", r"no prompt file \(buffer-only, slime's --disable-rollout-global-"
+                                                   r"dataset\), so EngineRollout would get empty prompts"),
+    ("data_source=buffered data_source.path=null rollout=function rollout.path=tests.pipeline.slime_plugins.generate_rollout"
+     " allowed_targets_extra=[tests.]", None),
     ("dynamic_filter=nonzero_std dynamic_filter.over_sampling_factor=0.5",
      "dynamic_filter.over_sampling_factor: expected a number >= 1, got 0.5"),
     ("dynamic_filter=nonzero_std dynamic_filter.over_sampling_factor=x",
