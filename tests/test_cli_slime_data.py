@@ -15,7 +15,7 @@ from pipeline.sinks.files import read_samples
 from pipeline.sinks.jsonl import read_metrics
 from tests.data.slime_samples import assert_same_sample
 from tests.pipeline.slime_data_plugins import expected
-from tests.test_cli import run_cli
+from tests.test_cli import data, run_cli  # noqa: F401 (the prompt-file fixture)
 
 PLUGIN = "tests.pipeline.slime_data_plugins.generate_rollout"
 SIZES = ["logger=jsonl", "num_rollout=2", "rollout_batch_size=2", "n_samples_per_prompt=2", "engine=scripted"]
@@ -48,3 +48,19 @@ def test_buffer_only_source_fed_by_a_slime_rollout_function_then_replayed(tmp_pa
             assert_same_sample(got, want)
         assert pipeline.load_train_data(run2 / "train_data" / f"rollout_{r}") == \
             pipeline.load_train_data(run1 / "train_data" / f"rollout_{r}")
+
+
+@pytest.mark.timeout(240)
+def test_custom_generate_setting_slime_status(tmp_path: Path, data: Path) -> None:
+    """A custom generate that sets slime's `Sample.Status` runs through every stage, persist included."""
+    run = tmp_path / "run"
+    run_cli(SIZES + [f"data_source.path={data}", "rollout.progress=false", "rollout.summary=false",
+                     "rollout.custom_generate_path=tests.pipeline.slime_data_plugins.generate_with_tool_turn",
+                     "allowed_targets_extra=[tests.]", f"hydra.run.dir={run}"])
+    for r in (0, 1):
+        samples = read_samples(run / "samples" / f"rollout_{r}.jsonl")
+        assert len(samples) == 4 and all(s.status is pipeline.Sample.Status.COMPLETED for s in samples)
+        assert all(s.loss_mask[-2:] == [0, 0] and s.response.endswith(" [tool: ok]") for s in samples)
+        assert all(s.weight_versions == [str(r)] for s in samples)  # folded in from meta_info
+        td = pipeline.load_train_data(run / "train_data" / f"rollout_{r}")
+        assert td["truncated"] == [0, 0, 0, 0]

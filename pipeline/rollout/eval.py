@@ -26,6 +26,7 @@ from pipeline.rollout.sample_generate import (
     resolve_tokenizer, sampling_params_from_args,
 )
 from pipeline.sample import Sample
+from pipeline.sample_meta import coerce_status
 
 __all__ = ["EngineEval", "pass_at_k", "EVAL_DATASET_KEYS"]
 
@@ -208,7 +209,7 @@ class EngineEval:
                                      "(eval_reward_key / reward_key)")
                 r = r[key]
             rewards.append(r)
-        truncated = [Sample.Status(s.status) == Sample.Status.TRUNCATED for s in samples]
+        truncated = [coerce_status(s.status) == Sample.Status.TRUNCATED for s in samples]
         return {"rewards": rewards, "truncated": truncated, "samples": samples}
 
     def _metrics(self, name: str, d: dict[str, Any]) -> dict[str, Any]:

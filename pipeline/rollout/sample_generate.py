@@ -24,6 +24,7 @@ from typing import Any
 from pipeline.engines.base import GenerationRequest, SamplingParams
 from pipeline.rollout.contracts import PluginOutputError, is_sample_like
 from pipeline.sample import Sample
+from pipeline.sample_meta import coerce_status
 
 __all__ = [
     "GenContext",
@@ -79,8 +80,9 @@ async def resolve_tokenizer(tokenizer: Any, engine: Any) -> Any:
 
 
 def is_finished(sample: Any) -> bool:
-    """True for COMPLETED / TRUNCATED / FAILED samples (nothing left to generate)."""
-    return Sample.Status(sample.status) in _DONE
+    """True for COMPLETED / TRUNCATED / FAILED samples (nothing left to generate); any status
+    enum member or string counts (a plugin's own Sample class may carry slime's enum)."""
+    return coerce_status(sample.status) in _DONE
 
 
 def sampling_params_from_args(args: Any, overrides: dict | None = None) -> dict:
@@ -163,6 +165,9 @@ def reset_sample(sample: Sample) -> None:
     sample.response_length = 0
     sample.loss_mask = None
     sample.rollout_log_probs = None
+    sample.rollout_top_p_token_ids = sample.rollout_top_p_token_offsets = None
+    sample.rollout_routed_experts = None
+    sample.teacher_log_probs = None
     sample.reward = None
     sample.weight_versions = []
     sample.status = Sample.Status.PENDING
@@ -204,18 +209,18 @@ async def default_generate(
     log_probs = result.log_probs
     if log_probs is not None and sample.rollout_log_probs is None and sample.response_length:
         log_probs = None  # earlier tokens have none; keep the sample consistent
+    version = getattr(ctx.engine, "weight_version", None)
     sample.append_response_tokens(
         args,
         tokens=result.output_ids,
         log_probs=log_probs,
-        meta_info={"finish_reason": {"type": result.finish_reason}},
+        meta_info={"finish_reason": {"type": result.finish_reason},
+                   "weight_version": str(version if version is not None else ctx.rollout_id)},
         text=result.text,
     )
     if continued and ctx.tokenizer is not None:
         response_ids = sample.tokens[len(sample.tokens) - sample.response_length:]
         sample.response = ctx.tokenizer.decode(response_ids, skip_special_tokens=True)
-    version = getattr(ctx.engine, "weight_version", None)
-    sample.weight_versions = list(sample.weight_versions) + [str(version if version is not None else ctx.rollout_id)]
     return sample
 
 
@@ -290,4 +295,6 @@ def snapshot(sample: Sample) -> Sample:
         loss_mask=None if sample.loss_mask is None else list(sample.loss_mask),
         rollout_log_probs=None if sample.rollout_log_probs is None else list(sample.rollout_log_probs),
         weight_versions=list(sample.weight_versions),
+        spec_info=dataclasses.replace(sample.spec_info),
+        prefix_cache_info=dataclasses.replace(sample.prefix_cache_info),
     )

@@ -197,3 +197,11 @@ def test_check_lengths_covers_top_p() -> None:
     with pytest.raises(ValueError, match="2 top-p offsets ending at 1 for response_length 0 and 1 token ids"):
         Sample(rollout_top_p_token_ids=[1], rollout_top_p_token_offsets=[0, 1]).check_lengths()
     Sample(response_length=1, rollout_top_p_token_ids=[1], rollout_top_p_token_offsets=[0, 1]).check_lengths()
+
+
+def test_foreign_samples_with_slime_status_are_read_everywhere() -> None:
+    """A plugin's own Sample class (accepted by shape) may carry slime's enum."""
+    from pipeline.rollout.sample_generate import is_finished
+
+    assert is_finished(SimpleNamespace(status=SlimeStatus.COMPLETED))
+    assert not is_finished(SimpleNamespace(status=SlimeStatus.ABORTED)) and is_finished(SimpleNamespace(status="failed"))

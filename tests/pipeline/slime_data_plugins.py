@@ -74,3 +74,14 @@ def expected(index: int, group_index: int, rollout_id: int) -> Any:
     s = Sample(group_index=group_index, index=index)
     fill(s, rollout_id)
     return s
+
+
+async def generate_with_tool_turn(args, sample, sampling_params):
+    """slime custom generate (search-r1 style): one model turn, a tool answer the model did not
+    write (loss mask 0), and the status set with slime's own enum."""
+    from pipeline.rollout.sample_generate import generate
+
+    sample = await generate(args, sample, sampling_params)
+    sample.append_response_tokens(tokens=[32, 33], trainable=False, text=" [tool: ok]")
+    sample.status = Status.COMPLETED
+    return sample
