@@ -123,13 +123,17 @@ def encode_groups(groups: list[list[Any]], raw: bool = False) -> dict[str, Any]:
         if not columns:
             columns = {name: _column(dicts, name, (lambda: None) if name in _ARRAYS else _default(name))
                        for name in _ALL}
-        for name in _LISTLIKE:
+        unset = {name for name in (*_LISTLIKE, *_RECORDS) if not any(map(operator.is_not, columns[name], repeat(None)))}
+        for name in _LISTLIKE - unset:
             if not set(map(type, columns[name])) <= {list, type(None)}:
                 columns[name] = list(map(_plain, columns[name]))
-        for name in _RECORDS:
+        for name in _RECORDS.keys() - unset:
             columns[name] = list(map(_record_dict, columns[name]))
         for name, kind in _ARRAYS.items():
             values = columns[name]
+            if name in unset:  # no sample has one (top-p replay off, no teacher): one constant
+                out["columns"][name] = {"const": None}
+                continue
             enc = encode_array(values, kind, pack, (out["group_sizes"], columns["response_length"])
                                 if name == "tokens" else None)
             if enc is None:
