@@ -94,8 +94,29 @@ class StatusAttribute:
 SPEC_KEYS = ("spec_accept_token_num", "spec_draft_token_num", "spec_verify_ct")
 
 
+class _Counters:
+    """Integer counters summed over a sample's engine answers (a dataclass's fields);
+    `from_meta` names the meta_info key each counter adds up."""
+
+    from_meta: dict[str, str]  # set by each subclass (a plain class attribute, not a field)
+
+    def add(self, meta_info: dict[str, Any]) -> None:
+        """Add one engine answer's counters (a missing key adds 0)."""
+        for name, key in self.from_meta.items():
+            setattr(self, name, getattr(self, name) + meta_info.get(key, 0))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The counters as a plain dict."""
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Any:
+        """Inverse of `to_dict`; missing counters are 0, unknown keys are ignored (as slime)."""
+        return cls(**{f.name: data.get(f.name, 0) for f in dataclasses.fields(cls)})  # type: ignore[arg-type]
+
+
 @dataclass
-class SpecInfo:
+class SpecInfo(_Counters):
     """Speculative-decoding counters of one sample, summed over its engine calls."""
 
     spec_accept_token_num: int = 0
@@ -113,25 +134,13 @@ class SpecInfo:
         """Completion tokens per verify step (0 before any step)."""
         return self.completion_token_num / self.spec_verify_ct if self.spec_verify_ct > 0 else 0.0
 
-    def add(self, meta_info: dict[str, Any]) -> None:
-        """Add one engine answer's counters (`completion_tokens` counts into completion_token_num)."""
-        self.spec_accept_token_num += meta_info.get("spec_accept_token_num", 0)
-        self.spec_draft_token_num += meta_info.get("spec_draft_token_num", 0)
-        self.spec_verify_ct += meta_info.get("spec_verify_ct", 0)
-        self.completion_token_num += meta_info.get("completion_tokens", 0)
 
-    def to_dict(self) -> dict[str, Any]:
-        """The counters as a plain dict."""
-        return dataclasses.asdict(self)
-
-    @staticmethod
-    def from_dict(data: dict[str, Any]) -> SpecInfo:
-        """Inverse of `to_dict`; missing counters are 0, unknown keys are ignored (as slime)."""
-        return SpecInfo(**{f.name: data.get(f.name, 0) for f in dataclasses.fields(SpecInfo)})
+SpecInfo.from_meta = {"spec_accept_token_num": "spec_accept_token_num", "spec_draft_token_num": "spec_draft_token_num",
+                      "spec_verify_ct": "spec_verify_ct", "completion_token_num": "completion_tokens"}
 
 
 @dataclass
-class PrefixCacheInfo:
+class PrefixCacheInfo(_Counters):
     """Prefix-cache counters of one sample, summed over its engine calls."""
 
     cached_tokens: int = 0
@@ -142,19 +151,8 @@ class PrefixCacheInfo:
         """Cached / prompt tokens (0 before any prompt)."""
         return self.cached_tokens / self.total_prompt_tokens if self.total_prompt_tokens > 0 else 0.0
 
-    def add(self, meta_info: dict[str, Any]) -> None:
-        """Add one engine answer's `cached_tokens` and `prompt_tokens`."""
-        self.cached_tokens += meta_info.get("cached_tokens", 0)
-        self.total_prompt_tokens += meta_info.get("prompt_tokens", 0)
 
-    def to_dict(self) -> dict[str, Any]:
-        """The counters as a plain dict."""
-        return dataclasses.asdict(self)
-
-    @staticmethod
-    def from_dict(data: dict[str, Any]) -> PrefixCacheInfo:
-        """Inverse of `to_dict`; missing counters are 0, unknown keys are ignored (as slime)."""
-        return PrefixCacheInfo(**{f.name: data.get(f.name, 0) for f in dataclasses.fields(PrefixCacheInfo)})
+PrefixCacheInfo.from_meta = {"cached_tokens": "cached_tokens", "total_prompt_tokens": "prompt_tokens"}
 
 
 class LazyRecord:
