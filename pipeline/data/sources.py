@@ -88,6 +88,8 @@ class PlainDataSource(CheckpointMixin):
     `args` is what buffer filters receive (a slime-named namespace is made when absent).
     """
 
+    buffer_only_ok = False  # the plain source needs a prompt file
+
     def __init__(
         self,
         slime_args: Any = None,
@@ -172,8 +174,6 @@ class PlainDataSource(CheckpointMixin):
             kwargs["buffer_filter"] = filter_path
         kwargs.update(overrides)
         return cls(**kwargs, args=args)
-
-    buffer_only_ok = False  # the plain source needs a prompt file
 
     # ------------------------------------------------------------------ reading
     def __len__(self) -> int:
