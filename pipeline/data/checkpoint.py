@@ -8,8 +8,9 @@ little-endian bytes, 8-byte aligned. `arrays` lists, per array, where it sits in
 The file is written to a temp file in the same folder, fsynced, renamed over
 `<dir>/rollout_<id>.json`, and the folder is fsynced: a crash leaves either the old file or the
 new one. A truncated or altered file fails the size/sha256 check on load. Version-1 files
-(pure JSON, base64 arrays) and version-2 files (no `fill` / `same_rows` array encodings)
-still load. Buffered samples are encoded by `sample_codec`.
+(pure JSON, base64 arrays), version-2 files (no `fill` / `same_rows` array encodings) and
+version-3 files (the Sample before slime's later fields, which load with their defaults) still
+load. Buffered samples are encoded by `sample_codec`.
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 MAGIC = "rollout-pipeline-checkpoint"
-VERSION = 3  # 3: loss masks of all 1s and columns of identical rows are stored once
-_READABLE = (1, 2, 3)
+VERSION = 4  # 4: slime's full Sample (top-p / teacher arrays, spec / prefix-cache records)
+_READABLE = (1, 2, 3, 4)  # 3: loss masks of all 1s and columns of identical rows are stored once
 _NAME = re.compile(r"^rollout_(-?\d+)\.json$")
 
 

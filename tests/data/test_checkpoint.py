@@ -212,7 +212,7 @@ def test_no_pickle_json_plus_raw_arrays(tmp_path: Path, data5: str) -> None:
     raw = path.read_bytes()
     head, _, payload = raw.partition(b"\n")
     header = json.loads(head)
-    assert header["magic"] == ckpt.MAGIC and header["version"] == ckpt.VERSION == 3
+    assert header["magic"] == ckpt.MAGIC and header["version"] == ckpt.VERSION == 4
     state = json.loads(payload[:header["json_size"]])  # the JSON line
     assert state["buffer"]["group_sizes"] == [2, 2] and payload[header["json_size"] - 1:header["json_size"]] == b"\n"
     # the rest is exactly the raw arrays the header lists (no pickle, nothing else)
