@@ -64,3 +64,21 @@ def test_custom_generate_setting_slime_status(tmp_path: Path, data: Path) -> Non
         assert all(s.weight_versions == [str(r)] for s in samples)  # folded in from meta_info
         td = pipeline.load_train_data(run / "train_data" / f"rollout_{r}")
         assert td["truncated"] == [0, 0, 0, 0]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_custom_generate_setting_slime_status_on_the_real_model(tmp_path: Path, data: Path) -> None:
+    """The same custom generate on the bundled model (hf engine): real text, then the tool turn."""
+    run = tmp_path / "run"
+    run_cli(["logger=jsonl", "num_rollout=1", "rollout_batch_size=1", "n_samples_per_prompt=2",
+             "rollout_max_response_len=8", f"data_source.path={data}", "rollout.progress=false",
+             "rollout.summary=false", "allowed_targets_extra=[tests.]",
+             "rollout.custom_generate_path=tests.pipeline.slime_data_plugins.generate_with_tool_turn",
+             f"hydra.run.dir={run}"], timeout=280)
+    samples = read_samples(run / "samples" / "rollout_0.jsonl")
+    assert len(samples) == 2 and all(s.status is pipeline.Sample.Status.COMPLETED for s in samples)
+    for s in samples:
+        assert s.response.endswith(" [tool: ok]") and s.response != " [tool: ok]"  # the model wrote first
+        assert s.loss_mask == [1] * (s.response_length - 2) + [0, 0] and s.weight_versions == ["0"]
+        assert len(s.rollout_log_probs) == s.response_length
