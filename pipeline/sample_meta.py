@@ -53,7 +53,7 @@ class SampleStatus(str, Enum):
     __hash__ = str.__hash__  # equal to its value string, so it hashes like it
 
 
-SampleStatus.__name__, SampleStatus.__qualname__ = "Status", "Sample.Status"  # as users see it
+SampleStatus.__name__ = "Status"  # as users see it (reprs); the qualname stays importable (pickle)
 _BY_VALUE = {s.value: s for s in SampleStatus}
 
 

@@ -97,6 +97,18 @@ def test_to_dict_from_dict_is_lossless_for_every_field() -> None:
     assert back.to_dict() == d
 
 
+def test_pickle_and_copies_keep_every_field() -> None:
+    """Ray and multiprocessing pickle samples; partial rollouts deep-copy them."""
+    import copy
+    import pickle
+
+    s = full_sample(2)
+    for back in (pickle.loads(pickle.dumps(s)), copy.deepcopy(s)):
+        assert_same_sample(back, s)
+        assert back.spec_info is not s.spec_info
+    assert pickle.loads(pickle.dumps(Sample.Status.FAILED)) is Sample.Status.FAILED
+
+
 def test_dump_round_trip_field_by_field(tmp_path) -> None:
     samples = [full_sample(i) for i in range(4)] + [Sample(index=9)]
     write_samples(tmp_path / "rollout_0.jsonl", samples)
