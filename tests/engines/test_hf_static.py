@@ -28,10 +28,14 @@ EVAL = Path(__file__).resolve().parents[2] / "data" / "math_eval.jsonl"
 
 def _draws(logits: torch.Tensor, n: int, **sampling: float) -> torch.Tensor:
     """`n` seeded samples from one row of logits (a batch of n identical rows, seeds 0..n-1)."""
-    params = [SamplingParams(**sampling)] * n
-    gens = [torch.Generator().manual_seed(i) for i in range(n)]
-    tokens, _ = sample_batch(logits.expand(n, -1).contiguous(), params, gens)
-    return tokens
+    chunk = 256  # a [n, vocab] float64 CDF at n=4000 is 1.5 GB: sample in slices of rows
+    out = []
+    for lo in range(0, n, chunk):
+        m = min(chunk, n - lo)
+        params = [SamplingParams(**sampling)] * m
+        gens = [torch.Generator().manual_seed(i) for i in range(lo, lo + m)]
+        out.append(sample_batch(logits.expand(m, -1).contiguous(), params, gens)[0])
+    return torch.cat(out)
 
 
 def _tv(a: torch.Tensor, b: torch.Tensor) -> float:
