@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.installed
 ARGS   ?=
 PYTEST_ARGS ?=
 
-.PHONY: run test test-vllm bench-data bench-engine venv mutation
+.PHONY: run test test-fast test-vllm bench-data bench-engine venv mutation
 
 venv: $(STAMP)
 
@@ -24,6 +24,10 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Day-to-day: everything except the end-to-end tests marked `slow` (real model, Ray, servers).
+test-fast: $(STAMP)
+	$(PY) -m pytest -m 'not slow' -q $(PYTEST_ARGS)
 
 bench-data: $(STAMP)
 	$(PY) bench/data_source.py

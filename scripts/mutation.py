@@ -52,12 +52,12 @@ MODULES: dict[str, tuple[list[str], list[str] | None]] = {
     # (test_checkpoint_crash.py kills a real subprocess: too slow to run per mutant)
     "pipeline/data/checkpoint.py": (["tests/data/test_checkpoint.py", "tests/data/test_checkpoint_format.py"], None),
     "pipeline/atomic.py": (["tests/test_atomic.py", "tests/data/test_checkpoint.py"], None),
-    "pipeline/stages/advantages.py": (["tests/pipeline/test_pipeline_stages.py",
-                                       "tests/pipeline/test_advantages_pinned.py"], None),
-    "pipeline/stages/train_data.py": (["tests/pipeline/test_pipeline_stages.py",
-                                       "tests/pipeline/test_train_data_tensors.py"], None),
-    "pipeline/stages/log.py": (["tests/pipeline/test_pipeline_stages.py",
-                                "tests/pipeline/test_rollout_metrics_asymmetric.py"], None),
+    "pipeline/stages/advantages.py": (["tests/stages/test_stages.py",
+                                       "tests/stages/test_advantages_pinned.py"], None),
+    "pipeline/stages/train_data.py": (["tests/stages/test_stages.py",
+                                       "tests/stages/test_train_data_tensors.py"], None),
+    "pipeline/stages/log.py": (["tests/stages/test_stages.py",
+                                "tests/stages/test_log_metrics_asymmetric.py"], None),
     "pipeline/rollout/dynamic_filters.py": (["tests/rollout/test_nonzero_std_filter.py"], None),
     # seeds, partial-rollout continuation and reset (not the custom-generate plugin loading)
     "pipeline/rollout/sample_generate.py": (["tests/rollout/test_deterministic_seeds.py",
@@ -70,7 +70,7 @@ MODULES: dict[str, tuple[list[str], list[str] | None]] = {
                                        "tests/rollout/test_deterministic_seeds.py"], None),
     # the allowlist part of the plugin builder
     "pipeline/config.py": (["tests/test_allowlist.py", "tests/test_security.py",
-                            "tests/pipeline/test_pipeline_config.py"],
+                            "tests/test_config.py"],
                            [f"pipeline.config.x_{fn}__mutmut_*" for fn in (
                                "_allowed_prefixes", "check_allowed", "load_object", "_check_origin", "_check_tree",
                                "allowed_targets")]),

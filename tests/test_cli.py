@@ -18,8 +18,7 @@ from pipeline.engines.scripted import ByteTokenizer
 from pipeline.sinks.files import read_samples
 from pipeline.sinks.jsonl import read_metrics
 
-sys.path.insert(0, str(Path(__file__).parent / "pipeline"))
-import wandb_records  # noqa: E402
+from tests.sinks import wandb_records  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -142,7 +141,7 @@ def test_resume_hands_out_the_same_samples(data, tmp_path):
 
 @pytest.mark.timeout(300)
 def test_slime_plugins_by_dotted_path(data, tmp_path):
-    p = "tests.pipeline.slime_plugins."
+    p = "tests.plugins.slime_plugins."
     run_dir, logs = tmp_path / "run", tmp_path / "logs"
     logs.mkdir()
     run_cli(base(data, engine_rollout=False) + [

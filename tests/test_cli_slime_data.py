@@ -14,10 +14,10 @@ from pipeline.data.checkpoint import decode_groups, read_checkpoint
 from pipeline.sinks.files import read_samples
 from pipeline.sinks.jsonl import read_metrics
 from tests.data.slime_samples import assert_same_sample
-from tests.pipeline.slime_data_plugins import expected
+from tests.plugins.slime_data_plugins import expected
 from tests.test_cli import data, run_cli  # noqa: F401 (the prompt-file fixture)
 
-PLUGIN = "tests.pipeline.slime_data_plugins.generate_rollout"
+PLUGIN = "tests.plugins.slime_data_plugins.generate_rollout"
 SIZES = ["logger=jsonl", "num_rollout=2", "rollout_batch_size=2", "n_samples_per_prompt=2", "engine=scripted"]
 
 
@@ -55,7 +55,7 @@ def test_custom_generate_setting_slime_status(tmp_path: Path, data: Path) -> Non
     """A custom generate that sets slime's `Sample.Status` runs through every stage, persist included."""
     run = tmp_path / "run"
     run_cli(SIZES + [f"data_source.path={data}", "rollout.progress=false", "rollout.summary=false",
-                     "rollout.custom_generate_path=tests.pipeline.slime_data_plugins.generate_with_tool_turn",
+                     "rollout.custom_generate_path=tests.plugins.slime_data_plugins.generate_with_tool_turn",
                      "allowed_targets_extra=[tests.]", f"hydra.run.dir={run}"])
     for r in (0, 1):
         samples = read_samples(run / "samples" / f"rollout_{r}.jsonl")
@@ -74,7 +74,7 @@ def test_custom_generate_setting_slime_status_on_the_real_model(tmp_path: Path, 
     run_cli(["logger=jsonl", "num_rollout=1", "rollout_batch_size=1", "n_samples_per_prompt=2",
              "rollout_max_response_len=8", f"data_source.path={data}", "rollout.progress=false",
              "rollout.summary=false", "allowed_targets_extra=[tests.]",
-             "rollout.custom_generate_path=tests.pipeline.slime_data_plugins.generate_with_tool_turn",
+             "rollout.custom_generate_path=tests.plugins.slime_data_plugins.generate_with_tool_turn",
              f"hydra.run.dir={run}"], timeout=280)
     samples = read_samples(run / "samples" / "rollout_0.jsonl")
     assert len(samples) == 2 and all(s.status is pipeline.Sample.Status.COMPLETED for s in samples)

@@ -53,12 +53,12 @@ def option_overrides(group: str, option: str, d: Path) -> list[str]:
     """What an option needs from the user (documented in its YAML) to be runnable."""
     plugins = ["allowed_targets_extra=[tests.]"]
     need = {
-        ("rollout", "function"): ["rollout.path=tests.pipeline.slime_plugins.generate_rollout"] + plugins,
+        ("rollout", "function"): ["rollout.path=tests.plugins.slime_plugins.generate_rollout"] + plugins,
         ("rollout", "replay"): [f"rollout.source_dir={d}/prev"],
         ("rollout", "sft"): [f"data_source.path={d}/chat.jsonl", "data_source.input_key=messages",
                              "data_source.apply_chat_template=false",
                              "~data_source.label_key", "n_samples_per_prompt=1", "advantage=none"],
-        ("eval", "function"): ["eval.path=tests.pipeline.slime_plugins.generate_rollout", "eval_interval=1"] + plugins,
+        ("eval", "function"): ["eval.path=tests.plugins.slime_plugins.generate_rollout", "eval_interval=1"] + plugins,
         ("eval", "engine"): ["eval_interval=1", f"eval.datasets.0.path={d}/eval.jsonl"],
         ("experiment", "sft"): [f"data_source.path={d}/chat.jsonl"],
         ("filter", "reward_topk"): ["data_source=buffered"],
@@ -172,7 +172,7 @@ def test_data_source_filter_product(ds, filt, workdir):
     ("data_source.path=null", "data_source.path: null, but the plain source needs a prompt file; for a buffer-only"),
     ("data_source=buffered data_source.path=null", r"no prompt file \(buffer-only, slime's --disable-rollout-global-"
                                                    r"dataset\), so EngineRollout would get empty prompts"),
-    ("data_source=buffered data_source.path=null rollout=function rollout.path=tests.pipeline.slime_plugins.generate_rollout"
+    ("data_source=buffered data_source.path=null rollout=function rollout.path=tests.plugins.slime_plugins.generate_rollout"
      " allowed_targets_extra=[tests.]", None),
     ("dynamic_filter=nonzero_std dynamic_filter.over_sampling_factor=0.5",
      "dynamic_filter.over_sampling_factor: expected a number >= 1, got 0.5"),
@@ -224,6 +224,6 @@ def test_disallowed_target_from_config_refused(workdir):
     plain = to_plain(cfg)
     with pytest.raises(TargetNotAllowedError, match="'os.system' is not allowed"):
         build(plain["rollout"], allowed=allowed_targets(plain), where="rollout")
-    cfg = compose_cfg(base_overrides(workdir) + ["rollout=function", "rollout.path=tests.pipeline.slime_plugins.generate_rollout"])
+    cfg = compose_cfg(base_overrides(workdir) + ["rollout=function", "rollout.path=tests.plugins.slime_plugins.generate_rollout"])
     with pytest.raises(TargetNotAllowedError, match=r"allowed_targets_extra=\[tests.\]"):
         build(to_plain(cfg)["rollout"], allowed=allowed_targets(to_plain(cfg)), where="rollout")

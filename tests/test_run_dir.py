@@ -23,8 +23,7 @@ from pipeline.run_record import CHANGES_FILE, RECORD_FILE
 from pipeline.session import resume_target_problem
 from pipeline.sinks.jsonl import read_metrics
 
-sys.path.insert(0, str(Path(__file__).parent / "pipeline"))
-import wandb_records  # noqa: E402
+from tests.sinks import wandb_records  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true", HYDRA_FULL_ERROR="0", OMP_NUM_THREADS="1")

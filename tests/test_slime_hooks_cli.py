@@ -1,5 +1,5 @@
 """slime's rollout-side hooks through the CLI, each with a plugin in slime's exact signature
-(tests/pipeline/slime_hooks.py): when each is called (which samples, which rollout_id, train or
+(tests/plugins/slime_hooks.py): when each is called (which samples, which rollout_id, train or
 eval), custom generates that do not name `evaluation` or are synchronous, a slime-style data
 source class, slime's reward dispatcher as the custom reward, and unset slime args."""
 
@@ -19,7 +19,7 @@ from pipeline.sinks.files import load_train_data, read_samples
 from pipeline.sinks.jsonl import read_metrics
 from test_cli import ROOT, base, run_cli
 
-HOOKS = "tests.pipeline.slime_hooks."
+HOOKS = "tests.plugins.slime_hooks."
 
 
 @pytest.fixture(scope="module")
@@ -102,8 +102,8 @@ def test_function_rollout_with_slime_data_source_and_eval_log_hook(data, tmp_pat
     (rollout_id, args, data, extra_metrics) and True drops the default eval metrics; the older
     args-only post-process form works; all-samples gets the kept groups of a plain rollout fn."""
     run_cli(common(data, tmp_path, engine_rollout=False) + [
-        "rollout=function", "rollout.path=tests.pipeline.slime_plugins.generate_rollout",
-        "eval=function", "eval.path=tests.pipeline.slime_plugins.generate_rollout", "eval_interval=1",
+        "rollout=function", "rollout.path=tests.plugins.slime_plugins.generate_rollout",
+        "eval=function", "eval.path=tests.plugins.slime_plugins.generate_rollout", "eval_interval=1",
         f"data_source_path={HOOKS}ListDataSource",
         f"custom_eval_rollout_log_function_path={HOOKS}eval_log",
         f"rollout_data_postprocess_path={HOOKS}rollout_data_postprocess_args_only",
@@ -184,7 +184,7 @@ def test_slime_sft_rollout_loads_hf_checkpoint_as_a_folder(tmp_path):
              "rollout_batch_size=2", "n_samples_per_prompt=1", "advantage=none",
              f"data_source.path={tmp_path / 'chat.jsonl'}", "data_source.input_key=messages",
              "data_source.label_key=null", "data_source.apply_chat_template=false",
-             "rollout=function", "rollout.path=tests.pipeline.slime_sft.generate_rollout",
+             "rollout=function", "rollout.path=tests.plugins.slime_sft.generate_rollout",
              "+loss_mask_type=prefix", f"+hook_log_dir={tmp_path / 'hooks'}", f"hydra.run.dir={tmp_path / 'run'}"],
             HF_HUB_OFFLINE="0")
     (loaded,) = hook_log(tmp_path / "hooks", "sft")

@@ -11,9 +11,9 @@ from hydra import compose, initialize_config_dir
 from pipeline.app import run
 from pipeline.config import ConfigError
 from pipeline.sinks.jsonl import read_metrics
-from tests.pipeline import fakes
+from tests.plugins import fakes
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
+CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
 def _cfg(tmp_path: Path, *extra: str):
@@ -22,8 +22,8 @@ def _cfg(tmp_path: Path, *extra: str):
     overrides = [f"paths.output_dir={tmp_path}/run", f"data_source.path={data}", "rollout_batch_size=2",
                  "n_samples_per_prompt=2", "num_rollout=3", "allowed_targets_extra=[tests.]", "rollout=function",
                  "engine=scripted",
-                 "rollout.path=tests.pipeline.slime_plugins.generate_rollout", "logger=jsonl", "~logger.keys",
-                 "logger._target_=tests.pipeline.fakes.RecordingSink", *extra]
+                 "rollout.path=tests.plugins.slime_plugins.generate_rollout", "logger=jsonl", "~logger.keys",
+                 "logger._target_=tests.plugins.fakes.RecordingSink", *extra]
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return compose(config_name="config", overrides=overrides)
 
@@ -46,7 +46,7 @@ def test_run_logs_every_step_to_sinks_and_finishes(tmp_path):
 @pytest.mark.timeout(60)
 def test_failure_still_finishes_sinks_marked_failed(tmp_path):
     with pytest.raises(RuntimeError, match="boom at rollout 1"):
-        run(_cfg(tmp_path, "rollout.path=tests.pipeline.fakes.failing_rollout"))
+        run(_cfg(tmp_path, "rollout.path=tests.plugins.fakes.failing_rollout"))
     assert fakes.EVENTS[-1] == ("finish", 1)
     assert [r["step"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl")] == [0]
 

@@ -27,6 +27,6 @@ def failing_rollout(args, rollout_id, data_source, evaluation=False):
     """A slime rollout function that fails at rollout 1."""
     if rollout_id == 1:
         raise RuntimeError("boom at rollout 1")
-    from tests.pipeline.slime_plugins import generate_rollout
+    from tests.plugins.slime_plugins import generate_rollout
 
     return generate_rollout(args, rollout_id, data_source, evaluation)

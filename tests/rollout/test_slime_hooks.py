@@ -19,7 +19,7 @@ from pipeline.rollout.contracts import PluginOutputError
 from pipeline.rollout.sample_generate import call_custom_generate
 from pipeline.rollout.sample_hooks import SampleHooks
 from pipeline.sample import Sample
-from tests.pipeline import slime_hooks
+from tests.plugins import slime_hooks
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 
@@ -93,7 +93,7 @@ def test_preflight_checks_the_custom_generate_allowlist_and_hook_keys(tmp_path):
 
 
 def test_preflight_refuses_a_sample_hook_path_that_is_not_a_list(tmp_path):
-    cfg = compose_cfg(tmp_path, "rollout_sample_hook_path=tests.pipeline.slime_hooks.stamp_sample")
+    cfg = compose_cfg(tmp_path, "rollout_sample_hook_path=tests.plugins.slime_hooks.stamp_sample")
     with pytest.raises(ConfigError, match="rollout_sample_hook_path: expected a list of dotted paths"):
         validate(cfg)
 
@@ -152,7 +152,7 @@ def test_custom_generate_gets_evaluation_only_by_name_and_may_be_sync():
     lambda extra: SimpleNamespace(allowed_targets=["pipeline.", "tests."], allowed_targets_extra=[], **extra),
 ], ids=["SlimeArgs", "namespace"])
 def test_slimes_dispatcher_as_the_custom_reward_grades_by_rm_type(make_args):
-    path = "tests.pipeline.slime_hooks.async_rm"
+    path = "tests.plugins.slime_hooks.async_rm"
     args = make_args({"custom_rm_path": path, "rm_type": "boxed_math"})
     samples = [Sample(index=0, response=r"so \boxed{12}", label="12"),
                Sample(index=1, response=r"so \boxed{13}", label="12"),
