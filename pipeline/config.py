@@ -237,7 +237,7 @@ _REWARD_MIRRORS = {
 
 
 class SlimeArgs:
-    """Read-only attribute view with slime's names (SPEC §6); unknown names raise AttributeError.
+    """Read-only attribute view with slime's names (docs/contracts.md §6); unknown names raise AttributeError.
 
     `hf_checkpoint` reads as the local model folder (a bundled model name is resolved, and
     converted once, on first access), as slime plugins load it with `from_pretrained`. Keys of

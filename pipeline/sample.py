@@ -1,6 +1,6 @@
 """The `Sample`: one generated (or to-be-generated) trajectory, field-compatible with slime.
 
-Field order and defaults follow SPEC §1 exactly, so code that builds a Sample positionally
+Field order and defaults follow docs/contracts.md §1 exactly, so code that builds a Sample positionally
 (as slime plugins sometimes do) keeps working.
 """
 
@@ -20,7 +20,7 @@ _FINISH_TO_STATUS = {"length": "truncated", "abort": "aborted", "stop": "complet
 
 @dataclass
 class Sample:
-    """One trajectory: prompt, response tokens, reward and bookkeeping (SPEC §1).
+    """One trajectory: prompt, response tokens, reward and bookkeeping (docs/contracts.md §1).
 
     `status` accepts any `Sample.Status`-valued enum member or string (slime's own enum too) and
     always holds ours. `spec_info` / `prefix_cache_info` are made on first read.

@@ -1,4 +1,4 @@
-"""The parts of `Sample` that slime keeps beside its fields (SPEC §1).
+"""The parts of `Sample` that slime keeps beside its fields (docs/contracts.md §1).
 
 - `SampleStatus` (`Sample.Status`) and `coerce_status`: any enum member or string with a known
   status value becomes our member, so a slime plugin's own `Sample.Status` works here.

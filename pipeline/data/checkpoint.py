@@ -1,4 +1,4 @@
-"""Lossless, atomic data-source checkpoints (SPEC §5) — JSON plus raw arrays, never pickle.
+"""Lossless, atomic data-source checkpoints (docs/contracts.md §5) — JSON plus raw arrays, never pickle.
 
 A checkpoint file is one header line `{"magic", "version", "sha256", "size", "json_size",
 "arrays"}` followed by the payload the header describes: the JSON state (one line), then one

@@ -1,4 +1,4 @@
-"""Prompt datasets (SPEC §2): read, validate, filter by prompt length; rows decode lazily.
+"""Prompt datasets (docs/contracts.md §2): read, validate, filter by prompt length; rows decode lazily.
 
 Start-up is columnar: a `.jsonl` file is parsed by pyarrow in one go and validated with
 vectorised null/type checks; only when that parse fails (an undecodable line, a non-object

@@ -1,4 +1,4 @@
-"""Epoch order (SPEC §3): the permutation of epoch e depends on (seed, e, N) alone.
+"""Epoch order (docs/contracts.md §3): the permutation of epoch e depends on (seed, e, N) alone.
 
 `random.Random(seed + epoch).shuffle(list(range(n)))` is exactly what slime gets from
 `random.seed(seed + epoch); random.shuffle(p)`, without touching the global `random` state.

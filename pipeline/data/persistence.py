@@ -1,4 +1,4 @@
-"""Checkpointing of data sources (SPEC §5): state_dict, save/load, slime state files."""
+"""Checkpointing of data sources (docs/contracts.md §5): state_dict, save/load, slime state files."""
 
 from __future__ import annotations
 

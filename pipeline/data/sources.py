@@ -1,4 +1,4 @@
-"""Plain and buffered data sources (SPEC §4, §5), slime-compatible.
+"""Plain and buffered data sources (docs/contracts.md §4, §5), slime-compatible.
 
 `get_samples(num_samples)` hands out the next `num_samples` prompts of the epoch order as
 groups of `n_samples_per_prompt` fresh samples (slime's name: the count is of groups). Samples
@@ -82,8 +82,8 @@ class PlainDataSource(CheckpointMixin):
     `PlainDataSource.from_args(args)`; then `tokenizer`, `save_dir` and `load_dir` keywords still
     apply, and `args.save` / `args.load` give `<save>/rollout` / `<load>/rollout`.
     `path` (`file@[a:b]` slices allowed), the keys and `max_prompt_len` define the prompts
-    (see `PromptDataset`); `seed`/`shuffle` the epoch order (SPEC §3); `save_dir`/`load_dir`,
-    `keep_checkpoints` and `allow_data_change` the checkpoints (SPEC §5). `tokenizer` is a HF
+    (see `PromptDataset`); `seed`/`shuffle` the epoch order (docs/contracts.md §3); `save_dir`/`load_dir`,
+    `keep_checkpoints` and `allow_data_change` the checkpoints (docs/contracts.md §5). `tokenizer` is a HF
     tokenizer folder or object; without one, `args.hf_checkpoint` is used when needed.
     `args` is what buffer filters receive (a slime-named namespace is made when absent).
     """

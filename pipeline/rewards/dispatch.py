@@ -1,4 +1,4 @@
-"""RewardDispatcher: one reward per sample, resolved per sample (SPEC §6 "Rewards").
+"""RewardDispatcher: one reward per sample, resolved per sample (docs/contracts.md §6 "Rewards").
 
 Resolution order: `sample.custom_rm_path`, `args.custom_rm_path` (= `reward.custom_rm_path`),
 `sample.metadata["rm_type"]`, `args.rm_type` (= `reward.rm_type`). Custom functions are

@@ -1,4 +1,4 @@
-"""Plugin output types and their shape-based normalisation (SPEC §6, §8).
+"""Plugin output types and their shape-based normalisation (docs/contracts.md §6, §8).
 
 Outputs are accepted by shape, not by class: slime's own `RolloutFnTrainOutput`,
 `RolloutFnEvalOutput`, `DynamicFilterOutput` and `Sample` work as well as ours.

@@ -1,4 +1,4 @@
-"""The default rollout: asynchronous over-sampling against an `Engine` (SPEC §6).
+"""The default rollout: asynchronous over-sampling against an `Engine` (docs/contracts.md §6).
 
 `EngineRollout` is built from `conf/rollout/engine.yaml` by `pipeline.config.build(cfg.rollout,
 engine=..., reward=..., dynamic_filter=..., tokenizer=...)` and called like any slime rollout

@@ -1,4 +1,4 @@
-"""Eval with an engine: every prompt of each configured dataset, n samples each (SPEC §6).
+"""Eval with an engine: every prompt of each configured dataset, n samples each (docs/contracts.md §6).
 
 `EngineEval` is built from `conf/eval/engine.yaml` (datasets with name, path, keys,
 `n_samples_per_eval_prompt` and sampling overrides) or, from inside `EngineRollout`, from slime's

@@ -8,7 +8,7 @@ over from earlier rollouts (an exponential moving average), clamped to
 A high pass rate fetches just what is missing; a low one fetches enough up front to avoid
 extra rounds.
 
-When to fetch: `fixed` follows slime (SPEC §6): only once (submitted − dropped) < batch size,
+When to fetch: `fixed` follows slime (docs/contracts.md §6): only once (submitted − dropped) < batch size,
 i.e. after in-flight groups have actually been dropped. `adaptive` fetches as soon as the
 *projected* count is short: kept + p × (groups in flight, not yet decided) < batch size. The
 next round then starts while the current one is still generating instead of after its drops

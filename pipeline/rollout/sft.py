@@ -1,4 +1,4 @@
-"""SFT as a rollout: each row's message list becomes tokens plus a loss mask (SPEC §8).
+"""SFT as a rollout: each row's message list becomes tokens plus a loss mask (docs/contracts.md §8).
 
 Like slime's `sft_rollout.generate_rollout`: the mask is 1 on assistant content tokens, 0 on
 system/user/tool turns and on the assistant header the chat template adds; reward is 0.

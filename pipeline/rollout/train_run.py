@@ -1,4 +1,4 @@
-"""One train rollout of `EngineRollout`: the over-sampling loop of SPEC §6.
+"""One train rollout of `EngineRollout`: the over-sampling loop of docs/contracts.md §6.
 
 While (submitted − dropped) < rollout_batch_size (`adaptive`: while the projected count is short,
 see `over_sampling`), fetch groups and submit each as a task that

@@ -1,4 +1,4 @@
-"""Per-rollout stages (SPEC §7): each is `stage(ctx, parts) -> None`, run in `STAGES` order."""
+"""Per-rollout stages (docs/contracts.md §7): each is `stage(ctx, parts) -> None`, run in `STAGES` order."""
 
 from pipeline.stages.advantages import rewards_stage
 from pipeline.stages.context import RolloutContext, StageParts

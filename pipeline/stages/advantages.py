@@ -1,4 +1,4 @@
-"""Stage: post-process rewards into training rewards (SPEC §7), with slime's float32 numerics.
+"""Stage: post-process rewards into training rewards (docs/contracts.md §7), with slime's float32 numerics.
 
 Estimators and what they do (when `rewards_normalization` is on):
 - grpo, gspo, cispo: subtract the group mean; with `grpo_std_normalization` divide by

@@ -1,4 +1,4 @@
-"""Stage: flatten the nested rollout output into one list of samples (SPEC §7)."""
+"""Stage: flatten the nested rollout output into one list of samples (docs/contracts.md §7)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Stage: rollout metrics (SPEC §7 names) and eval metrics; the custom rollout log hook.
+"""Stage: rollout metrics (docs/contracts.md §7 names) and eval metrics; the custom rollout log hook.
 
 The hook `fn(rollout_id, args, samples, extra_metrics, rollout_time) -> bool` runs first;
 True skips the default rollout metrics (perf and stage timings are still logged).
@@ -27,7 +27,7 @@ def _group_rewards(samples: list[Any], rewards: list[float]) -> list[list[float]
 
 
 def rollout_metrics(args: Any, samples: list[Any], rollout_time: float) -> dict[str, float]:
-    """Default train metrics of one rollout (SPEC §7)."""
+    """Default train metrics of one rollout (docs/contracts.md §7)."""
     lengths = [int(s.response_length) for s in samples]
     raw = raw_reward_values(args, samples)
     truncated = Sample.Status.TRUNCATED.value
@@ -87,7 +87,7 @@ def log_stage(ctx: RolloutContext, parts: StageParts) -> None:
     skip = False
     if parts.rollout_log is not None:
         skip = bool(parts.rollout_log(ctx.rollout_id, parts.args, ctx.samples, ctx.extra_metrics, ctx.rollout_time))
-    # the rollout function's own metrics first; the default ones (SPEC §7 names) win on a clash
+    # the rollout function's own metrics first; the default ones (docs/contracts.md §7 names) win on a clash
     for key, value in (ctx.extra_metrics or {}).items():
         ctx.metrics[key if "/" in key else f"rollout/{key}"] = value
     if not skip:

@@ -1,4 +1,4 @@
-"""Stage: convert samples to slime-keyed train data, plus padded tensors for a trainer (SPEC §7).
+"""Stage: convert samples to slime-keyed train data, plus padded tensors for a trainer (docs/contracts.md §7).
 
 Keys (slime's names, so slime's trainer-side code reads them unchanged): tokens,
 response_lengths, rewards, raw_reward (per sample `metadata["raw_reward"]` when any sample has

@@ -1,4 +1,4 @@
-"""Stage: check group sizes and the rollout_id consistency of fan-out siblings (SPEC §7)."""
+"""Stage: check group sizes and the rollout_id consistency of fan-out siblings (docs/contracts.md §7)."""
 
 from __future__ import annotations
 

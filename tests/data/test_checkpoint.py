@@ -1,4 +1,4 @@
-"""SPEC §5: lossless, atomic, checksummed, fingerprinted checkpoints of the data source."""
+"""docs/contracts.md §5: lossless, atomic, checksummed, fingerprinted checkpoints of the data source."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SPEC §2: prompt files, slices, keys, tools, chat template, length filter and its cache."""
+"""docs/contracts.md §2: prompt files, slices, keys, tools, chat template, length filter and its cache."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SPEC §3: the epoch order equals slime's random.seed(seed+e); random.shuffle(range(N))."""
+"""docs/contracts.md §3: the epoch order equals slime's random.seed(seed+e); random.shuffle(range(N))."""
 
 from __future__ import annotations
 

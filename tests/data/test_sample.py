@@ -1,4 +1,4 @@
-"""SPEC §1: the Sample dataclass."""
+"""docs/contracts.md §1: the Sample dataclass."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SPEC §1 against slime @624b824: the whole Sample by position and keyword, slime's Status enum,
+"""docs/contracts.md §1 against slime @624b824: the whole Sample by position and keyword, slime's Status enum,
 and append_response_tokens folding an engine's meta_info as slime does."""
 
 from __future__ import annotations

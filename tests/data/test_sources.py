@@ -1,4 +1,4 @@
-"""SPEC §4: plain and buffered data sources."""
+"""docs/contracts.md §4: plain and buffered data sources."""
 
 from __future__ import annotations
 

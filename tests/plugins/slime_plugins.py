@@ -1,4 +1,4 @@
-"""slime-style plugins, written exactly in slime's signatures (SPEC §8), referenced by dotted path
+"""slime-style plugins, written exactly in slime's signatures (docs/contracts.md §8), referenced by dotted path
 from the command line (tests/test_cli.py). They use only `args.X` names slime has, and their own
 output classes (accepted by shape, as slime's own classes would be)."""
 

@@ -1,4 +1,4 @@
-"""Reward post-processing corners the SPEC vectors do not reach: one sample per prompt, singleton
+"""Reward post-processing corners the docs/contracts.md §7 vectors do not reach: one sample per prompt, singleton
 groups in group_index mode, the error messages, and the stage around the estimator."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Per-rollout stages: validate rollout_id, flatten, rewards (SPEC §7 vectors), train data, log."""
+"""Per-rollout stages: validate rollout_id, flatten, rewards (docs/contracts.md §7 vectors), train data, log."""
 
 from __future__ import annotations
 
