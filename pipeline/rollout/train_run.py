@@ -27,11 +27,11 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.rollout.contracts import RolloutFnTrainOutput, as_filter_output
 from pipeline.rollout.groups import buffer_size, first_index, flatten_group, group_key
+from pipeline.rollout.leftover_groups import Flight, LeftoverGroups
 from pipeline.rollout.rollout_report import Progress, format_summary
 from pipeline.rollout.sample_generate import (
     GenContext, bind, call_custom_generate, default_generate, encode_prompts, is_finished,
@@ -45,41 +45,34 @@ __all__ = ["TrainRun"]
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class _Flight:
-    """A group in this rollout: submission order, its items, response tokens generated now."""
-
-    order: int
-    group: list[Any]
-    tokens: int = 0
-    originals: dict[int, Sample] = field(default_factory=dict)
-
-
-class TrainRun:
-    """State of one `EngineRollout` train call (see module docstring)."""
+class TrainRun(LeftoverGroups):
+    """State of one `EngineRollout` train call (see module docstring); where the groups the batch
+    did not take go is `LeftoverGroups` (pipeline/rollout/leftover_groups.py)."""
 
     def __init__(self, owner: Any, args: Any, rollout_id: int, data_source: Any) -> None:
-        self.o = owner
+        # the `EngineRollout` this call belongs to: engine, reward, dynamic filter, settings
+        self.engine_rollout = owner
         self.args = args
         self.rollout_id = int(rollout_id)
         self.data_source = data_source
         self.target = int(args.rollout_batch_size)
-        self.osb = int(getattr(args, "over_sampling_batch_size", None) or self.target)
-        if self.osb < self.target:
-            raise ValueError(f"over_sampling_batch_size ({self.osb}) must be >= rollout_batch_size ({self.target})")
+        self.over_sampling_batch_size = int(args.over_sampling_batch_size)
+        if self.over_sampling_batch_size < self.target:
+            raise ValueError(f"over_sampling_batch_size ({self.over_sampling_batch_size}) must be >= "
+                             f"rollout_batch_size ({self.target})")
         self.buffered = hasattr(data_source, "buffer") and hasattr(data_source, "add_samples")
-        if getattr(args, "partial_rollout", False) and not self.buffered:
+        if args.partial_rollout and not self.buffered:
             raise ValueError("partial_rollout=true needs a buffered data source (data_source=buffered); "
                              f"got {type(data_source).__name__}")
         self.ctx = GenContext(engine=owner.engine, tokenizer=owner.tokenizer, rollout_id=self.rollout_id,
                               batch_invariant=owner.batch_invariant_log_probs)
         self.params = sampling_params_from_args(args)
         self.sem = asyncio.Semaphore(owner.max_concurrency) if owner.max_concurrency else None
-        self.tasks: dict[asyncio.Task, _Flight] = {}
-        self.finished: dict[int, _Flight] = {}
-        self.kept: list[_Flight] = []
+        self.tasks: dict[asyncio.Task, Flight] = {}
+        self.finished: dict[int, Flight] = {}
+        self.kept: list[Flight] = []
         # every group the dynamic filter decided on, kept or dropped (slime's all_samples)
-        self.decided_flights: list[_Flight] = []
+        self.decided_flights: list[Flight] = []
         self.next_order = self.next_decide = 0
         self.submitted = self.dropped = self.accepted = self.decided = 0
         self.count: Counter[str] = Counter()
@@ -93,12 +86,13 @@ class TrainRun:
     async def execute(self) -> RolloutFnTrainOutput:
         """Run the rollout; returns exactly rollout_batch_size groups sorted by first index."""
         start = time.perf_counter()
-        self.o.tokenizer = self.ctx.tokenizer = await resolve_tokenizer(self.o.tokenizer, self.o.engine)
+        owner = self.engine_rollout
+        owner.tokenizer = self.ctx.tokenizer = await resolve_tokenizer(owner.tokenizer, owner.engine)
         bind(self.ctx)
         if hasattr(self.data_source, "begin_rollout"):
             self.data_source.begin_rollout(self.rollout_id)
         self.progress = Progress(self.target * int(self.args.n_samples_per_prompt),
-                                 f"rollout {self.rollout_id}", self.o.progress,
+                                 f"rollout {self.rollout_id}", self.engine_rollout.progress,
                                  lambda: buffer_size(self.data_source))
         try:
             self._top_up()
@@ -116,11 +110,11 @@ class TrainRun:
         finally:
             self.progress.close()
         elapsed = time.perf_counter() - start
-        self.o.over_sampler.end_rollout(self.accepted, self.decided)
+        self.engine_rollout.over_sampler.end_rollout(self.accepted, self.decided)
         groups = [f.group for f in sorted(self.kept, key=lambda f: first_index(f.group))]
         all_groups = [f.group for f in sorted(self.decided_flights, key=lambda f: first_index(f.group))]
         metrics = self._metrics(elapsed)
-        if self.o.summary:
+        if self.engine_rollout.summary:
             logger.info("%s", format_summary(f"rollout {self.rollout_id} done in {elapsed:.2f}s", metrics))
         return RolloutFnTrainOutput(samples=groups, metrics=metrics, all_samples=all_groups)
 
@@ -128,13 +122,13 @@ class TrainRun:
         return len(self.kept) >= self.target
 
     def _top_up(self) -> None:
-        sampler = self.o.over_sampler
+        sampler = self.engine_rollout.over_sampler
         while not self._full():
             shortfall = sampler.shortfall(self.target, self.submitted, self.dropped, len(self.kept),
                                           self.accepted, self.decided)
             if shortfall <= 1e-6:
                 return
-            k = sampler.fetch_size(self.target, self.osb, shortfall, self.accepted, self.decided)
+            k = sampler.fetch_size(self.target, self.over_sampling_batch_size, shortfall, self.accepted, self.decided)
             buffered_ids = self._buffered_ids()
             groups = self.data_source.get_samples(k)
             if buffered_ids:
@@ -144,12 +138,12 @@ class TrainRun:
                                    f"when asked for {k}")
             self.count["fetch_rounds"] += 1
             self.count["groups_fetched"] += len(groups)
-            if self.o.deterministic:  # admitted in index order, whatever the source's order
+            if self.engine_rollout.deterministic:  # admitted in index order, whatever the source's order
                 groups = sorted(groups, key=group_key)
             encode_prompts(self.ctx.tokenizer, [s for g in groups for s in g
                                                 if isinstance(s, Sample) and not is_finished(s)])
             for group in groups:
-                flight = _Flight(self.next_order, list(group))
+                flight = Flight(self.next_order, list(group))
                 self.next_order += 1
                 self.tasks[asyncio.create_task(self._run_group(flight))] = flight
                 self.submitted += 1
@@ -162,7 +156,7 @@ class TrainRun:
     def _decide_ready(self) -> None:
         """Decide finished groups: strictly in submission order when deterministic."""
         while not self._full():
-            if self.o.deterministic:
+            if self.engine_rollout.deterministic:
                 if self.next_decide not in self.finished:
                     return
                 order = self.next_decide
@@ -174,13 +168,13 @@ class TrainRun:
             self._decide(self.finished.pop(order))
             self._top_up()
 
-    def _verdict(self, flight: _Flight) -> Any:
-        if self.o.dynamic_filter is None:
+    def _verdict(self, flight: Flight) -> Any:
+        if self.engine_rollout.dynamic_filter is None:
             return None
-        out = self.o.dynamic_filter(self.args, flight.group)
+        out = self.engine_rollout.dynamic_filter(self.args, flight.group)
         return as_filter_output(out, "dynamic_filter")
 
-    def _decide(self, flight: _Flight) -> None:
+    def _decide(self, flight: Flight) -> None:
         if not all(is_finished(s) for s in flatten_group(flight.group)):
             # aborted by the engine (or a plugin) before the batch was full: cannot be used now
             self.dropped += 1
@@ -201,11 +195,11 @@ class TrainRun:
         self.kept.append(flight)
 
     # ------------------------------------------------------------------ per group / sample
-    async def _run_group(self, flight: _Flight) -> None:
+    async def _run_group(self, flight: Flight) -> None:
         items = flight.group
         if items and not any(isinstance(s, list) for s in items) and all(is_finished(s) for s in items):
             start = min(s.metadata.get("start_rollout_id", self.rollout_id) for s in items)
-            if self.rollout_id - start > self.o.surplus_max_staleness:
+            if self.rollout_id - start > self.engine_rollout.surplus_max_staleness:
                 for s in items:
                     reset_sample(s)
                 self.count["stale_groups_regenerated"] += 1
@@ -213,21 +207,21 @@ class TrainRun:
                 self.count["surplus_groups_reused"] += 1
         results = await asyncio.gather(*(self._run_item(flight, i, s) for i, s in enumerate(items)))
         flight.group = list(results)
-        reward = self.o.reward
+        reward = self.engine_rollout.reward
         if reward is not None and self.group_rm:
             todo = [s for s in flatten_group(flight.group) if is_finished(s) and s.reward is None]
             if todo:
                 for s, r in zip(todo, await reward.score(self.args, todo)):
                     s.reward = r
 
-    async def _run_item(self, flight: _Flight, pos: int, sample: Any) -> Any:
+    async def _run_item(self, flight: Flight, pos: int, sample: Any) -> Any:
         params = self.params
-        if self.o.deterministic:
-            params = {**params, "seed": sample_seed(self.o.seed, sample.group_index, pos)}
+        if self.engine_rollout.deterministic:
+            params = {**params, "seed": sample_seed(self.engine_rollout.seed, sample.group_index, pos)}
         out: Any = sample
         if not is_finished(sample) and not self.ctx.aborted:
             before = sample.response_length
-            path = sample.generate_function_path or self.o.custom_generate_path
+            path = sample.generate_function_path or self.engine_rollout.custom_generate_path
             async with self.sem or contextlib.nullcontext():
                 if path:
                     flight.originals[pos] = snapshot(sample)
@@ -237,8 +231,9 @@ class TrainRun:
                     out = await default_generate(self.ctx, self.args, sample, params)
             # as in slime, not on a sample the abort reached before it was sent to the engine
             untouched = self.ctx.aborted and out is sample and sample.response_length == before
-            if self.o.sample_hooks and not untouched:
-                out = await self.o.sample_hooks.apply(self.args, out, rollout_id=self.rollout_id, evaluation=False)
+            if self.engine_rollout.sample_hooks and not untouched:
+                out = await self.engine_rollout.sample_hooks.apply(self.args, out, rollout_id=self.rollout_id,
+                                                                   evaluation=False)
             if isinstance(out, list):
                 if all(s.rollout_id is None for s in out):
                     for s in out:  # fan-out siblings share one trajectory id
@@ -246,7 +241,7 @@ class TrainRun:
                 flight.tokens += sum(s.response_length for s in out) - before
             else:
                 flight.tokens += out.response_length - before
-        reward = self.o.reward
+        reward = self.engine_rollout.reward
         done = [s for s in (out if isinstance(out, list) else [out]) if is_finished(s)]
         if reward is not None and not self.group_rm:
             for s in done:
@@ -256,95 +251,12 @@ class TrainRun:
             self.progress.update(len(done), self.ctx.tokens_generated)
         return out
 
-    # ------------------------------------------------------------------ end of rollout
-    async def _finish(self) -> None:
-        if self.tasks and self._finishes_surplus():
-            await asyncio.gather(*self.tasks)  # the over-sampled groups complete: buffered surplus
-            self.count["surplus_groups_finished"] = len(self.tasks)
-            for flight in self.tasks.values():
-                self.finished[flight.order] = flight
-            self.tasks.clear()
-        self.ctx.aborted = True
-        if self.tasks:
-            await self.o.engine.abort_all()
-            await asyncio.gather(*self.tasks)
-            for flight in self.tasks.values():
-                self.finished[flight.order] = flight
-            self.tasks.clear()
-        for order in sorted(self.finished):
-            flight = self.finished[order]
-            if all(is_finished(s) for s in flatten_group(flight.group)):
-                self._park_surplus(flight)
-            else:
-                self._park_unfinished(flight, self._pending_buffer)
-        self.finished.clear()
-        if self._pending_buffer:
-            self.data_source.add_samples(self._pending_buffer)
-        self.count["groups_to_buffer"] = len(self._pending_buffer)
-
-    def _finishes_surplus(self) -> bool:
-        """Whether groups in flight when the batch fills finish instead of being aborted."""
-        return (self.o.finish_surplus and self.buffered and self.o.carry_surplus and not self.o.deterministic
-                and not getattr(self.args, "partial_rollout", False))
-
-    def _mark_start(self, samples: list[Any]) -> None:
-        for s in samples:
-            if s.response_length and "start_rollout_id" not in s.metadata:
-                s.metadata["start_rollout_id"] = self.rollout_id
-
-    def _park_surplus(self, flight: _Flight) -> None:
-        # not filtered here: the dynamic filter decides when the group is used next rollout
-        if self.buffered and self.o.carry_surplus and not any(isinstance(s, list) for s in flight.group):
-            if self.o.deterministic:
-                # whether a surplus group finished before the batch filled depends on timing:
-                # carry it as fresh prompts so the buffer (and its regeneration) is the same
-                for s in flight.group:
-                    reset_sample(s)
-                self.count["wasted_tokens"] += flight.tokens
-            self._mark_start(flight.group)
-            self._pending_buffer.append(flight.group)
-            self.count["surplus_groups_carried"] += 1
-        else:
-            self.count["surplus_groups_dropped"] += 1
-            self.count["wasted_tokens"] += flight.tokens
-
-    def _park_unfinished(self, flight: _Flight, pending: list[list[Any]]) -> None:
-        """An unfinished group: to the buffer to be continued (partial_rollout), to the buffer as
-        fresh prompts (buffered source without partial_rollout, when nothing of it was generated
-        yet, or always in deterministic mode: no prompt is lost), else dropped."""
-        partial = bool(getattr(self.args, "partial_rollout", False))
-        restart = not partial and self.buffered and self.o.carry_surplus and (
-            self.o.deterministic or self._unstarted(flight))
-        if not partial and not restart:
-            self.count["aborted_groups_dropped"] += 1
-            self.count["wasted_tokens"] += flight.tokens
-            return
-        group = []
-        for pos, item in enumerate(flight.group):
-            if isinstance(item, list):  # a fan-out cannot be continued: restart its sample
-                item = flight.originals[pos]
-                reset_sample(item)
-            elif self.o.deterministic or restart:
-                # what got generated before the abort depends on timing; seeded regeneration does not
-                reset_sample(item)
-            group.append(item)
-        if self.o.deterministic:
-            self.count["wasted_tokens"] += flight.tokens
-        self._mark_start(group)
-        pending.append(group)
-        self.count["aborted_groups_to_buffer" if partial else "aborted_groups_restarted"] += 1
-
-    @staticmethod
-    def _unstarted(flight: _Flight) -> bool:
-        """Nothing of the group was generated (it was fetched, then aborted before its turn)."""
-        return flight.tokens == 0 and all(not isinstance(s, list) and not s.response_length for s in flight.group)
-
     async def _cancel_all(self) -> None:
         self.ctx.aborted = True
         if not self.tasks:
             return
         with contextlib.suppress(Exception):
-            await self.o.engine.abort_all()
+            await self.engine_rollout.engine.abort_all()
         for task in self.tasks:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
@@ -363,7 +275,7 @@ class TrainRun:
         m["rollout/tokens_generated"] = self.ctx.tokens_generated
         m["rollout/tokens_per_kept_group"] = self.ctx.tokens_generated / max(1, self.target)
         m["rollout/filter_pass_rate"] = self.accepted / self.decided if self.decided else 1.0
-        m["rollout/pass_rate_ema"] = self.o.over_sampler.pass_rate
+        m["rollout/pass_rate_ema"] = self.engine_rollout.over_sampler.pass_rate
         m["rollout/buffer_size"] = buffer_size(self.data_source)
         m["perf/rollout_generate_time"] = elapsed
         m["rollout/gen_tokens_per_sec"] = self.ctx.tokens_generated / max(elapsed, 1e-9)
