@@ -100,7 +100,7 @@ def _buffer_never_filled(cfg: dict[str, Any], out: list[str]) -> None:
 
 
 def _advantage(cfg: dict[str, Any], out: list[str]) -> None:
-    from pipeline.stages.advantages import ESTIMATORS, GROUP_MODES, MEAN_SUBTRACTING
+    from pipeline.stages.rewards import ESTIMATORS, GROUP_MODES, MEAN_SUBTRACTING
 
     adv = cfg.get("advantage")
     if not isinstance(adv, dict):

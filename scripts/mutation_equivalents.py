@@ -59,14 +59,14 @@ EQUIVALENT: dict[str, str] = {
        "payload[:None] is the whole payload, as payload[:len(payload)]" for i in (58, 60)},
     "pipeline.data.checkpoint.x_read_checkpoint__mutmut_85": (
         "np.frombuffer with count=0 gives the same empty array of that dtype as np.zeros(0)"),
-    # pipeline/stages/advantages.py
-    **{f"pipeline.stages.advantages.x__normalise__mutmut_{i}": "_normalise only gets 2-D blocks, where dim 1 is "
+    # pipeline/stages/rewards.py
+    **{f"pipeline.stages.rewards.x__normalise__mutmut_{i}": "_normalise only gets 2-D blocks, where dim 1 is "
        "dim -1" for i in (2, 9, 33)},
-    "pipeline.stages.advantages.x_post_process_rewards__mutmut_18": (
+    "pipeline.stages.rewards.x_post_process_rewards__mutmut_18": (
         "with one sample per prompt _normalise skips the std (its own n > 1 check) whatever use_std says"),
-    **{f"pipeline.stages.advantages.x_post_process_rewards__mutmut_{i}": "the whole batch as one group: a [1, L] "
+    **{f"pipeline.stages.rewards.x_post_process_rewards__mutmut_{i}": "the whole batch as one group: a [1, L] "
        "view and an [L] view normalise the same over the last dim" for i in (44, 45, 46, 84)},
-    **{f"pipeline.stages.advantages.x_post_process_rewards__mutmut_{i}": "torch.tensor of Python ints is int64 "
+    **{f"pipeline.stages.rewards.x_post_process_rewards__mutmut_{i}": "torch.tensor of Python ints is int64 "
        "(torch.long) by default" for i in (72, 74)},
     # pipeline/stages/train_data.py
     **{f"pipeline.stages.train_data.x__pad__mutmut_{i}": "torch.tensor/torch.full infer the dtype the code names "

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from pipeline.rollout.contracts import DynamicFilterOutput
-from pipeline.stages.advantages import raw_reward_values
+from pipeline.stages.rewards import raw_reward_values
 
 __all__ = ["check_reward_nonzero_std", "check_reward_nonzero_std_with_fallback"]
 

@@ -1,6 +1,6 @@
 """Per-rollout stages (docs/contracts.md §7): each is `stage(ctx, parts) -> None`, run in `STAGES` order."""
 
-from pipeline.stages.advantages import rewards_stage
+from pipeline.stages.rewards import rewards_stage
 from pipeline.stages.context import RolloutContext, StageParts
 from pipeline.stages.flatten import flatten_stage
 from pipeline.stages.generate import generate_stage, sample_filter_stage

@@ -12,7 +12,7 @@ from collections import Counter
 from typing import Any
 
 from pipeline.sample import Sample
-from pipeline.stages.advantages import raw_reward_values
+from pipeline.stages.rewards import raw_reward_values
 from pipeline.stages.context import RolloutContext, StageParts
 
 __all__ = ["eval_metrics", "log_stage", "pass_at_k", "rollout_metrics"]

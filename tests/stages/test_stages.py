@@ -11,7 +11,7 @@ import torch
 from pipeline.rollout.contracts import PluginOutputError
 from pipeline.sample import Sample
 from pipeline.stages import RolloutContext, StageParts
-from pipeline.stages.advantages import post_process_rewards, rewards_stage
+from pipeline.stages.rewards import post_process_rewards, rewards_stage
 from pipeline.stages.flatten import flatten_samples
 from pipeline.stages.generate import generate_stage, sample_filter_stage
 from pipeline.stages.log import eval_metrics, log_stage, pass_at_k, rollout_metrics

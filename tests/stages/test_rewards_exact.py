@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from pipeline.sample import Sample
-from pipeline.stages.advantages import MEAN_SUBTRACTING, post_process_rewards
+from pipeline.stages.rewards import MEAN_SUBTRACTING, post_process_rewards
 
 
 def _args(**over):

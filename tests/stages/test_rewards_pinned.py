@@ -10,7 +10,7 @@ import pytest
 
 from pipeline.sample import Sample
 from pipeline.stages import RolloutContext, StageParts
-from pipeline.stages.advantages import post_process_rewards, raw_reward_values, rewards_stage
+from pipeline.stages.rewards import post_process_rewards, raw_reward_values, rewards_stage
 
 pytestmark = pytest.mark.timeout(30)
 
