@@ -191,8 +191,7 @@ def _build(plain: dict[str, Any], args: SlimeArgs, allowed: tuple[str, ...], run
     """Build engine, tokenizer, data source, reward, filters, rollout/eval functions, hooks."""
     rollout_cls, eval_cls = _target_of(plain["rollout"], allowed, "rollout"), _target_of(plain["eval"], allowed, "eval")
     consumers = (rollout_cls, eval_cls)
-    # over_sampling_factor sizes over_sampling_batch_size (conf/config.yaml); not a source argument
-    ds_node = {k: v for k, v in plain["data_source"].items() if k != "over_sampling_factor"}
+    ds_node = dict(plain["data_source"])
     if ds_node.get("save_dir") is None:
         ds_node["save_dir"] = os.path.join(run_dir, "checkpoints")
     # engines load their tokenizer lazily (the hf one converts the model on first access), so it
@@ -231,8 +230,7 @@ def _build(plain: dict[str, Any], args: SlimeArgs, allowed: tuple[str, ...], run
         logger.info("resume: %s from checkpoint %d, next rollout %d", run_dir, last, start)
     needs_reward = any(_accepts(c, "reward") for c in consumers)
     reward = build(plain["reward"], allowed=allowed, where="reward") if needs_reward else None
-    # over_sampling_factor sizes over_sampling_batch_size (conf/config.yaml); not a filter argument
-    filter_node = {k: v for k, v in plain["dynamic_filter"].items() if k != "over_sampling_factor"}
+    filter_node = plain["dynamic_filter"]
     dynamic_filter = _naming_errors(build(filter_node, allowed=allowed, where="dynamic_filter"),
                                     filter_node, "dynamic_filter")
     sample_hooks = SampleHooks([(path, build({"path": path}, allowed=allowed, where="rollout_sample_hook_path"))

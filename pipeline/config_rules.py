@@ -95,7 +95,7 @@ def _buffer_never_filled(cfg: dict[str, Any], out: list[str]) -> None:
                f"and keeps all of it")
         out.append(f"data_source=buffered, but nothing will ever enter the buffer ({why}; "
                    f"partial_rollout=false): the buffer filter has nothing to serve. Over-sample "
-                   f"(data_source.over_sampling_factor=3 or over_sampling_batch_size > "
+                   f"(over_sampling_factor > 1 or over_sampling_batch_size > "
                    f"rollout_batch_size), pick a dynamic filter, or set partial_rollout=true")
 
 
@@ -136,11 +136,9 @@ def _sizes(cfg: dict[str, Any], out: list[str]) -> None:
     rbs, osb = cfg.get("rollout_batch_size"), cfg.get("over_sampling_batch_size")
     if _is_int(rbs) and _is_int(osb) and osb < rbs:
         out.append(f"over_sampling_batch_size: {osb} must be >= rollout_batch_size ({rbs})")
-    for group in ("dynamic_filter", "data_source"):
-        node = cfg.get(group)
-        factor = node.get("over_sampling_factor", 1) if isinstance(node, dict) else 1
-        if not _is_num(factor) or factor < 1:
-            out.append(f"{group}.over_sampling_factor: expected a number >= 1, got {factor!r}")
+    factor = cfg.get("over_sampling_factor")
+    if not _is_num(factor) or factor < 1:
+        out.append(f"over_sampling_factor: expected a number >= 1, got {factor!r}")
     for key in _BOOLS:
         if not isinstance(cfg.get(key), bool):
             out.append(f"{key}: expected true or false, got {cfg.get(key)!r}")

@@ -1,9 +1,7 @@
 """OmegaConf resolvers the YAML configs use; registered when `pipeline` is imported.
 
 * `${multiply:a,b}`: a x b rounded up to an integer (e.g. `over_sampling_batch_size` as
-  `rollout_batch_size` times the larger `over_sampling_factor`).
-* `${max:a,b,...}`: the largest number (the dynamic filter's and the data source's
-  `over_sampling_factor`).
+  `rollout_batch_size` times `over_sampling_factor`).
 * `${unique_dir:base}`: `base`, or `base_2`, `base_3`, ...: the first that does not exist, created
   on the spot (`os.mkdir` is atomic), so two runs started in the same second get two run dirs.
   Cached per config (and copied into each sweep job's config by Hydra, as `${now:}` is).
@@ -20,7 +18,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-__all__ = ["maximum", "multiply", "pick", "register_resolvers", "unique_dir"]
+__all__ = ["multiply", "pick", "register_resolvers", "unique_dir"]
 
 
 def multiply(a: Any, b: Any) -> int | str:
@@ -47,15 +45,6 @@ def unique_dir(base: str) -> str:
     raise AssertionError("unreachable")
 
 
-def maximum(*values: Any) -> Any:
-    """The largest of `values`; the first one that is not a number when there is one (so
-    `multiply` and then `validate(cfg)` report it next to the key that holds it)."""
-    for value in values:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            return value
-    return max(values)
-
-
 def pick(flag: Any, if_true: Any, if_false: Any) -> Any:
     """`if_true` when `flag` is true (a bool, or the string "true"), else `if_false`."""
     return if_true if flag is True or str(flag).lower() == "true" else if_false
@@ -67,7 +56,5 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("multiply", multiply)
     if not OmegaConf.has_resolver("unique_dir"):
         OmegaConf.register_new_resolver("unique_dir", unique_dir, use_cache=True)
-    if not OmegaConf.has_resolver("max"):
-        OmegaConf.register_new_resolver("max", maximum)
     if not OmegaConf.has_resolver("pick"):
         OmegaConf.register_new_resolver("pick", pick)

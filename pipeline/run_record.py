@@ -27,7 +27,8 @@ from pipeline.config import ConfigError
 from pipeline.sinks.redact import REDACTED, redact, redact_text
 
 __all__ = ["CHANGES_FILE", "OPT_IN", "RECORD_FILE", "check_resume_config", "config_changes", "merge_overrides",
-           "override_key", "read_changes", "read_record", "record_changes", "write_record"]
+           "override_key", "read_changes", "read_record", "record_changes", "upgrade_config", "upgrade_overrides",
+           "write_record"]
 
 logger = logging.getLogger(__name__)
 
@@ -40,11 +41,42 @@ _SESSION_KEYS = ("resume", OPT_IN)
 # keys a diff leaves out: the session keys, and the run dir itself (a moved or copied run dir)
 _NOT_COMPARED = [*_SESSION_KEYS, "paths.output_dir"]
 _ABSENT = "<absent>"
+# keys that moved: old spelling -> new (old overrides and stored configs of earlier runs are read
+# with the new names; `over_sampling_factor` left the data_source / dynamic_filter groups)
+MOVED_KEYS = {"data_source.over_sampling_factor": "over_sampling_factor",
+              "dynamic_filter.over_sampling_factor": "over_sampling_factor"}
 
 
 def override_key(override: str) -> str:
     """The key an override sets: `+a.b=1`, `++a.b=1`, `~a.b` and `a.b=1` all give `a.b`."""
     return override.split("=", 1)[0].lstrip("+~")
+
+
+def upgrade_overrides(overrides: list[str]) -> list[str]:
+    """`overrides` with the old spellings of `MOVED_KEYS` rewritten to the new keys (a warning each)."""
+    out = []
+    for override in overrides:
+        key = override_key(override)
+        if key in MOVED_KEYS and "=" in override and not override.startswith("~"):
+            new = f"{MOVED_KEYS[key]}={override.split('=', 1)[1]}"
+            logger.warning("%s: %s moved to %s; read as %s", override, key, MOVED_KEYS[key], new)
+            override = new
+        out.append(override)
+    return out
+
+
+def upgrade_config(config: dict[str, Any]) -> dict[str, Any]:
+    """A stored config (earlier layout) with `MOVED_KEYS` moved: the factor is the larger of the
+    old data_source's and dynamic_filter's, which is what earlier runs used."""
+    old = [config[group].get("over_sampling_factor") for group in ("data_source", "dynamic_filter")
+           if isinstance(config.get(group), dict) and "over_sampling_factor" in config[group]]
+    if not old or "over_sampling_factor" in config:
+        return config
+    config = {k: (({n: v for n, v in node.items() if n != "over_sampling_factor"})
+                  if k in ("data_source", "dynamic_filter") and isinstance(node, dict) else node)
+              for k, node in config.items()}
+    config["over_sampling_factor"] = max(old)
+    return config
 
 
 def merge_overrides(stored: list[str], new: list[str]) -> list[str]:
@@ -129,6 +161,7 @@ def check_resume_config(stored: dict[str, Any] | None, current: dict[str, Any], 
     `resume_safe_keys` changes and `allow_config_change` is not true."""
     if stored is None:
         return {}
+    stored = upgrade_config(stored)
     changes = config_changes(stored, current)
     # the stored list: a resume cannot widen it for itself
     safe = [str(k) for k in stored.get("resume_safe_keys", current["resume_safe_keys"])]

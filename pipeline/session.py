@@ -22,7 +22,7 @@ from typing import Any
 from pipeline.config import ConfigError
 from pipeline.run_lock import LOCK_FILE, acquire
 from pipeline.run_record import (OPT_IN, RECORD_FILE, merge_overrides, override_key, read_record, record_changes,
-                                 write_record)
+                                 upgrade_overrides, write_record)
 
 __all__ = ["SESSION_PREFIX", "discard_session_files", "interrupt_hint", "prepare_argv", "resume_target_problem",
            "session_subdir", "store_record"]
@@ -92,6 +92,7 @@ def session_subdir(run_dir: Path) -> str:
 def prepare_argv(argv: list[str]) -> list[str]:
     """`argv` with a resume's stored overrides restored and its Hydra output set to the run dir;
     the run dir locked when the job will run. Raises ConfigError / RunDirLocked (nothing written)."""
+    argv = [argv[0], *upgrade_overrides(argv[1:])]
     args = argv[1:]
     runs = not any(a.split("=", 1)[0] in _NO_RUN_FLAGS for a in args)
     resume = next((a.split("=", 1)[1] for a in args if _is_override(a) and override_key(a) == "resume"), None)
@@ -114,7 +115,7 @@ def prepare_argv(argv: list[str]) -> list[str]:
     hydra = [a for a in overrides if override_key(a).startswith(("hydra.", "hydra/"))
              and override_key(a) not in ("hydra.run.dir", "hydra.output_subdir")]
     flags = [a for a in args if not _is_override(a)]
-    restored = merge_overrides(list((record or {}).get("overrides", [])), task)
+    restored = merge_overrides(upgrade_overrides(list((record or {}).get("overrides", []))), task)
     restored = [f"resume={run_dir}" if override_key(o) == "resume" else o for o in restored]
     if runs:
         acquire(run_dir, defer_log=True)

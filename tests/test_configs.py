@@ -133,8 +133,7 @@ def test_data_source_filter_product(ds, filt, workdir):
     plain = to_plain(cfg)
     allowed = allowed_targets(plain)
     f = build(plain["filter"], allowed=allowed)
-    node = {k: v for k, v in plain["data_source"].items() if k != "over_sampling_factor"}  # as the app does
-    source = build(dict(node, save_dir=str(workdir / "ck")), allowed=allowed,
+    source = build(dict(plain["data_source"], save_dir=str(workdir / "ck")), allowed=allowed,
                    args=SlimeArgs.from_config(plain), buffer_filter=f, tokenizer=ByteTokenizer())
     groups = source.get_samples(2)
     assert groups[0][0].prompt.startswith("user: What is")  # chat template of the tokenizer given
@@ -174,12 +173,12 @@ def test_data_source_filter_product(ds, filt, workdir):
                                                    r"dataset\), so EngineRollout would get empty prompts"),
     ("data_source=buffered data_source.path=null rollout=function rollout.path=tests.plugins.slime_plugins.generate_rollout"
      " allowed_targets_extra=[tests.]", None),
-    ("dynamic_filter=nonzero_std dynamic_filter.over_sampling_factor=0.5",
-     "dynamic_filter.over_sampling_factor: expected a number >= 1, got 0.5"),
-    ("dynamic_filter=nonzero_std dynamic_filter.over_sampling_factor=x",
+    ("dynamic_filter=nonzero_std over_sampling_factor=0.5",
+     "over_sampling_factor: expected a number >= 1, got 0.5"),
+    ("dynamic_filter=nonzero_std over_sampling_factor=x",
      r"over_sampling_batch_size: expected a positive integer, got \"4 x 'x' \(not numbers\)\""),
-    ("data_source=buffered data_source.over_sampling_factor=0",
-     "data_source.over_sampling_factor: expected a number >= 1, got 0"),
+    ("data_source=buffered over_sampling_factor=0",
+     "over_sampling_factor: expected a number >= 1, got 0"),
 ])
 def test_validate_names_key_and_expectation(override, message, workdir):
     extra = override.split()
@@ -194,7 +193,7 @@ def test_validate_names_key_and_expectation(override, message, workdir):
 
 @pytest.mark.parametrize("overrides,expected", [
     ([], 4), (["dynamic_filter=nonzero_std"], 16), (["dynamic_filter=nonzero_std_fallback", "rollout_batch_size=3"], 12),
-    (["dynamic_filter=nonzero_std", "dynamic_filter.over_sampling_factor=1.5", "rollout_batch_size=3"], 5),
+    (["dynamic_filter=nonzero_std", "over_sampling_factor=1.5", "rollout_batch_size=3"], 5),
     (["dynamic_filter=nonzero_std", "over_sampling_batch_size=7"], 7),
 ])
 def test_over_sampling_batch_size_follows_the_dynamic_filter(overrides, expected, workdir):

@@ -1,6 +1,6 @@
 """The buffer of `python run.py data_source=buffered filter=reward_topk` (issue 10, item 4).
 
-A buffered source over-samples by default (`data_source.over_sampling_factor`), the completed
+A buffered source over-samples by default (`over_sampling_factor`), the completed
 surplus of a round goes to the buffer, and the next rollout is served from it first, best mean
 reward first (`filter=reward_topk`); groups fetched but aborted before anything was generated go
 back as fresh prompts instead of being lost. The plain default is unchanged. A combination that
@@ -55,8 +55,8 @@ def test_buffered_source_over_samples_and_the_plain_default_does_not():
     assert compose_cfg(*HEADLINE).over_sampling_batch_size == 12
     # the README tour's step 4 command keeps the dynamic filter's factor 4
     assert compose_cfg(*HEADLINE, "dynamic_filter=nonzero_std", "partial_rollout=true").over_sampling_batch_size == 16
-    assert compose_cfg(*HEADLINE, "data_source.over_sampling_factor=1").over_sampling_batch_size == 4
-    assert compose_cfg(*HEADLINE, "rollout_batch_size=3", "data_source.over_sampling_factor=1.5") \
+    assert compose_cfg(*HEADLINE, "over_sampling_factor=1").over_sampling_batch_size == 4
+    assert compose_cfg(*HEADLINE, "rollout_batch_size=3", "over_sampling_factor=1.5") \
         .over_sampling_batch_size == 5
 
 
@@ -118,10 +118,10 @@ def test_headline_command_fills_the_buffer_and_serves_it(tmp_path):
 @pytest.mark.parametrize("overrides,warned", [
     ([], False),
     (HEADLINE, False),
-    ([*HEADLINE, "data_source.over_sampling_factor=1"], True),
+    ([*HEADLINE, "over_sampling_factor=1"], True),
     ([*HEADLINE, "rollout.carry_surplus=false"], True),
-    ([*HEADLINE, "data_source.over_sampling_factor=1", "partial_rollout=true"], False),
-    ([*HEADLINE, "data_source.over_sampling_factor=1", "dynamic_filter=nonzero_std"], False),
+    ([*HEADLINE, "over_sampling_factor=1", "partial_rollout=true"], False),
+    ([*HEADLINE, "over_sampling_factor=1", "dynamic_filter=nonzero_std"], False),
     ([*HEADLINE, "rollout.over_sampling=adaptive"], True),
 ])
 def test_preflight_warns_when_nothing_can_enter_the_buffer(overrides, warned, caplog, tmp_path):
