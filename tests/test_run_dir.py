@@ -137,6 +137,28 @@ def test_opt_in_records_the_change_in_the_run_dir_and_the_wandb_config(first_run
 
 
 @pytest.mark.timeout(300)
+def test_a_run_dir_of_the_earlier_over_sampling_factor_layout_resumes(first_run, tmp_path):
+    """Earlier runs kept over_sampling_factor in data_source / dynamic_filter (the larger one
+    counted): their stored config and overrides are read with the top-level key."""
+    run_dir = tmp_path / "run"
+    os.system(f"cp -r {first_run} {run_dir}")
+    record = json.loads((run_dir / RECORD_FILE).read_text())
+    config = record["config"]
+    assert config.pop("over_sampling_factor") == 1
+    config["data_source"]["over_sampling_factor"] = 2
+    config["dynamic_filter"]["over_sampling_factor"] = 1
+    config["over_sampling_batch_size"] = 4
+    record["overrides"].append("data_source.over_sampling_factor=2")
+    atomic_write_text(run_dir / RECORD_FILE, json.dumps(record))
+    proc = cli(f"resume={run_dir}", "num_rollout=3")
+    assert "data_source.over_sampling_factor moved to over_sampling_factor" in proc.stderr
+    assert steps(run_dir) == [0, 1, 2]
+    config = stored_config(run_dir)
+    assert config["over_sampling_factor"] == 2 and config["over_sampling_batch_size"] == 4
+    assert "over_sampling_factor" not in config["data_source"]
+
+
+@pytest.mark.timeout(300)
 def test_an_older_run_dir_without_a_record_resumes_from_its_hydra_files(first_run, tmp_path):
     run_dir = tmp_path / "run"
     os.system(f"cp -r {first_run} {run_dir}")
