@@ -261,8 +261,6 @@ class SlimeArgs:
         for src, dst in _DATA_MIRRORS.items():
             if src in ds:
                 values[dst] = ds[src]
-        if ds.get("max_prompt_len") is not None:
-            values["rollout_max_prompt_len"] = ds["max_prompt_len"]
         reward = plain.get("reward") or {}
         for src, dst in _REWARD_MIRRORS.items():
             if src in reward:

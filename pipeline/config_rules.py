@@ -20,6 +20,8 @@ _SLICE = re.compile(r"@\[[^\]]*\]$")
 _POSITIVE_INTS = ("num_rollout", "rollout_batch_size", "n_samples_per_prompt", "over_sampling_batch_size",
                   "rollout_max_response_len", "n_samples_per_eval_prompt")
 _BOOLS = ("partial_rollout", "mask_offpolicy_in_partial_rollout", "eval_before_train")
+# data_source.<key>: the top-level key it interpolates (its one home)
+_FROM_TOP_LEVEL = {"n_samples_per_prompt": "n_samples_per_prompt", "max_prompt_len": "rollout_max_prompt_len"}
 _HOOK_KEYS = ("custom_reward_post_process_path", "custom_convert_samples_to_train_data_path",
               "rollout_sample_filter_path", "custom_rollout_log_function_path",
               "rollout_all_samples_process_path", "custom_eval_rollout_log_function_path",
@@ -171,10 +173,11 @@ def _cross_group(cfg: dict[str, Any], out: list[str]) -> None:
                    "the buffer); the plain source has no buffer")
     if cfg.get("mask_offpolicy_in_partial_rollout") is True and cfg.get("partial_rollout") is False:
         out.append("mask_offpolicy_in_partial_rollout: true has no effect without partial_rollout: true")
-    if isinstance(ds, dict) and _is_int(cfg.get("n_samples_per_prompt")) and "n_samples_per_prompt" in ds:
-        if ds["n_samples_per_prompt"] != cfg["n_samples_per_prompt"]:
-            out.append(f"data_source.n_samples_per_prompt: {ds['n_samples_per_prompt']} differs from "
-                       f"n_samples_per_prompt ({cfg['n_samples_per_prompt']}); leave it as ${{n_samples_per_prompt}}")
+    # data-source keys whose one home is a top-level key (the node interpolates it; slime plugins read it)
+    for key, home in _FROM_TOP_LEVEL.items():
+        if isinstance(ds, dict) and key in ds and home in cfg and ds[key] != cfg[home]:
+            out.append(f"data_source.{key}: {ds[key]!r} differs from {home} ({cfg[home]!r}); set {home} "
+                       f"instead and leave data_source.{key} as ${{{home}}}")
     has_eval = _target(cfg.get("eval")) is not None
     if cfg.get("eval_interval") is not None and not has_eval:
         out.append(f"eval_interval: {cfg['eval_interval']} is set but eval=none; choose an eval option "

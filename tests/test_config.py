@@ -99,7 +99,9 @@ def _cfg(**over):
     base = {
         "num_rollout": 3, "rollout_batch_size": 4, "n_samples_per_prompt": 2, "reward_key": None,
         "data_source": {"_target_": "pipeline.data.sources.PlainDataSource", "path": "d.jsonl", "seed": 7,
-                        "shuffle": False, "input_key": "question", "max_prompt_len": 64},
+                        "shuffle": False, "input_key": "question",
+                        "max_prompt_len": "${rollout_max_prompt_len}"},
+        "rollout_max_prompt_len": 64,
         "reward": {"rm_type": "math", "custom_rm_path": None},
         "advantage": {"estimator": "gspo", "rewards_normalization": True, "grpo_std_normalization": False},
         "eval": {"datasets": [{"name": "m", "path": "e.jsonl"}]},

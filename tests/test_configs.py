@@ -177,6 +177,11 @@ def test_data_source_filter_product(ds, filt, workdir):
      "over_sampling_factor: expected a number >= 1, got 0.5"),
     ("dynamic_filter=nonzero_std over_sampling_factor=x",
      r"over_sampling_batch_size: expected a positive integer, got \"4 x 'x' \(not numbers\)\""),
+    ("data_source.n_samples_per_prompt=8",
+     r"data_source.n_samples_per_prompt: 8 differs from n_samples_per_prompt \(4\); set n_samples_per_prompt"),
+    ("data_source.max_prompt_len=64",
+     r"data_source.max_prompt_len: 64 differs from rollout_max_prompt_len \(None\); set rollout_max_prompt_len"),
+    ("rollout_max_prompt_len=64", None),
     ("data_source=buffered over_sampling_factor=0",
      "over_sampling_factor: expected a number >= 1, got 0"),
 ])
