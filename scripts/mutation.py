@@ -68,6 +68,8 @@ MODULES: dict[str, tuple[list[str], list[str] | None]] = {
                                                 "default_generate")]),
     "pipeline/rollout/train_run.py": (["tests/rollout/test_engine_rollout.py",
                                        "tests/rollout/test_deterministic_seeds.py"], None),
+    "pipeline/rollout/leftover_groups.py": (["tests/rollout/test_engine_rollout.py",
+                                             "tests/rollout/test_deterministic_seeds.py"], None),
     # the allowlist part of the plugin builder
     "pipeline/config.py": (["tests/test_allowlist.py", "tests/test_security.py",
                             "tests/test_config.py"],
