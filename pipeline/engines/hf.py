@@ -12,6 +12,12 @@ and ids agree. Log-probs: see `pipeline.engines.hf_decode` (log-softmax at tempe
 Per-request seeds drive a per-row `torch.Generator`, so a seeded request samples the same tokens
 alone or in any batch (up to float rounding differences from padding); a `batch_invariant`
 request also gets log-probs that do not depend on its batch (`hf_decode.log_probs_alone`).
+Weight sync (`update_weights`, no reload from disk): the new tensors are copied into the loaded
+model in place between two decode steps (the decode thread holds a step lock while it steps), and
+the static path's fused copies are rebuilt, so every decode path serves them from the next step
+on. Requests in flight are not interrupted: their earlier keys/values stay as the old weights
+computed them, tokens sampled after the update are the new weights' and carry the new version
+(`GenerationResult.weight_versions`), so a request can span two versions.
 Supported models: those whose cache is a plain `DynamicCache` of full-attention layers (Llama,
 Qwen2, Mistral, ...).
 
@@ -40,6 +46,7 @@ from pipeline.engines.base import GenerationRequest, GenerationResult
 from pipeline.engines.hf_decode import DecodeBatch, Row, log_probs_alone
 from pipeline.engines.hf_lean import LeanDecoder, supports
 from pipeline.engines.hf_static import StaticDecodeBatch
+from pipeline.engines.weight_sync import copy_into_model, versions_per_token
 
 __all__ = ["HFEngine", "DECODE_IMPLS", "DTYPES"]
 
@@ -53,6 +60,9 @@ logger = logging.getLogger(__name__)
 
 class HFEngine:
     """In-process transformers engine (see module docstring)."""
+
+    # follows a trainer through update_weights (full state dicts)
+    weight_sync = "full"
 
     def __init__(
         self,
@@ -94,6 +104,10 @@ class HFEngine:
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
         self._fatal: BaseException | None = None
+        # held by the decode thread while it steps; update_weights takes it between steps
+        self._step_lock = threading.Lock()
+        self._batch: DecodeBatch | StaticDecodeBatch | None = None
+        self._weight_version = 0
         # counters for benchmarks / metrics
         self.tokens_generated = 0
         self.busy_s = 0.0
@@ -187,6 +201,26 @@ class HFEngine:
         """True while the engine can take requests."""
         return not self._closed and self._fatal is None
 
+    # -- weight sync --------------------------------------------------------------------------
+
+    @property
+    def weight_version(self) -> int:
+        """The version of the weights served now (0: the checkpoint's)."""
+        return self._weight_version
+
+    def update_weights(self, state: Any, version: int) -> None:
+        """Copy `state` (HF state-dict names, a subset is fine) into the model in place between
+        two decode steps; tokens from the next step on carry `version` (see module docstring)."""
+        self.start()
+        with self._step_lock:
+            copy_into_model(self.model, state, version, self._weight_version)
+            if self._decoder is not None:
+                self._decoder.refresh()
+            for row in self._batch.rows if self._batch is not None else ():
+                row.version_marks.append((len(row.output_ids), version))
+            self._weight_version = version
+        logger.info("hf engine: weights updated to version %d (%d tensors)", version, len(state))
+
     # -- helpers ------------------------------------------------------------------------------
 
     def _make_row(self, request: GenerationRequest, on_done: Any) -> Row:
@@ -220,6 +254,7 @@ class HFEngine:
         return GenerationResult(
             request_id=row.request_id, output_ids=list(row.output_ids), text=text,
             finish_reason=row.finish_reason, log_probs=list(row.log_probs),
+            weight_versions=versions_per_token(row.version_marks, len(row.output_ids)),
         )
 
     # -- decode thread ------------------------------------------------------------------------
@@ -231,18 +266,22 @@ class HFEngine:
             batch = StaticDecodeBatch(self.model, self.tokenizer, pad_id, self._decoder)
         else:
             batch = DecodeBatch(self.model, self.tokenizer, pad_id=pad_id)
+        self._batch = batch
         try:
             with torch.inference_mode():
                 while True:
                     new = self._wait_for_work(batch)
                     if new is None:
                         break
-                    t0 = time.perf_counter()
-                    before = batch.tokens_generated
-                    batch.admit(new)
-                    self._finish(batch.release_finished())
-                    batch.decode()
-                    self._finish(batch.release_finished())
+                    with self._step_lock:
+                        t0 = time.perf_counter()
+                        before = batch.tokens_generated
+                        for row in new:
+                            row.version_marks.append((0, self._weight_version))
+                        batch.admit(new)
+                        self._finish(batch.release_finished())
+                        batch.decode()
+                        self._finish(batch.release_finished())
                     self.tokens_generated += batch.tokens_generated - before
                     self.busy_s += time.perf_counter() - t0
         except BaseException as exc:  # noqa: BLE001 - delivered to every waiter

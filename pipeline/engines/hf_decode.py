@@ -57,6 +57,8 @@ class Row:
     # abort generation: rows submitted before the latest abort_all are aborted
     abort_epoch: int = 0
     error: BaseException | None = None
+    # (first output index, weight version) from admission on: the version of every output token
+    version_marks: list[tuple[int, int]] = field(default_factory=list)
 
 
 def sample_next(logits: torch.Tensor, rows: list[Row]) -> tuple[list[int], list[float]]:

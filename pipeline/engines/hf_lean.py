@@ -60,6 +60,7 @@ class LeanDecoder:
         self.embed = inner.embed_tokens.weight
         self.norm = inner.norm
         self.lm_head = model.lm_head.weight
+        self._source_layers = inner.layers
         self.layers = [self._fuse(layer) for layer in inner.layers]
         positions = int(getattr(cfg, "max_position_embeddings", 8192))
         with torch.inference_mode():
@@ -80,6 +81,11 @@ class LeanDecoder:
             "gate_up": torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach(),
             "down": mlp.down_proj.weight,
         }
+
+    def refresh(self) -> None:
+        """Rebuild the fused copies (q/k/v, gate/up) after the model's weights changed in place;
+        the other weights are the model's own tensors and need nothing."""
+        self.layers = [self._fuse(layer) for layer in self._source_layers]
 
     def new_cache(self, rows: int, columns: int) -> torch.Tensor:
         """An empty key+value cache [2, layers, rows, kv_heads, columns, head_dim]."""

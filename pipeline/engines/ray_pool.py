@@ -14,6 +14,12 @@ with finish "abort" (a request still in transit when the abort landed), while `H
 finishes the rows it is running with their partial output. Requests still queued on the driver
 (waiting for a ready replica, or for a resubmission) see the bumped epoch and return "abort".
 Replica actors get `OMP_WAIT_POLICY=PASSIVE` (see `run.py`) through their runtime env.
+
+Weight sync: `update_weights` puts the state dict in Ray's object store once (`ray.put`) and
+every replica fetches that one object (`HFEngine.update_weights` in place, see `pipeline.engines.
+hf`); the driver keeps the reference, so a replica (re)started later is constructed with it and
+comes back serving the current version. Replicas still loading get the update queued behind
+their constructor.
 """
 
 from __future__ import annotations
@@ -63,11 +69,14 @@ def request_from_dict(d: dict[str, Any]) -> GenerationRequest:
 class _Replica:
     """Ray actor body: one HFEngine (becomes a remote class in `RayEngine.start`)."""
 
-    def __init__(self, engine_kwargs: dict[str, Any], epoch: int = 0) -> None:
+    def __init__(self, engine_kwargs: dict[str, Any], epoch: int = 0, weights: Any = None,
+                 version: int = 0) -> None:
         from pipeline.engines.hf import HFEngine
 
         self.engine = HFEngine(**engine_kwargs)
         self.engine.start()
+        if weights is not None:  # a restart after updates: serve the current version at once
+            self.engine.update_weights(weights, version)
         # newest driver abort epoch seen; requests stamped older are answered "abort"
         self.epoch = epoch
 
@@ -87,6 +96,15 @@ class _Replica:
     async def health(self) -> bool:
         return await self.engine.health()
 
+    async def update_weights(self, weights: Any, version: int) -> int:
+        # Ray resolved the driver's object ref to the state dict (one fetch per replica)
+        if version > self.engine.weight_version:
+            await asyncio.to_thread(self.engine.update_weights, weights, version)
+        return self.engine.weight_version
+
+    async def weight_version(self) -> int:
+        return self.engine.weight_version
+
     async def stats(self) -> dict[str, float]:
         return {"tokens_generated": self.engine.tokens_generated, "busy_s": self.engine.busy_s}
 
@@ -102,6 +120,9 @@ class _Slot:
 
 class RayEngine:
     """A pool of hf-engine Ray actors (see module docstring)."""
+
+    # follows a trainer through update_weights (full state dicts, one object-store put)
+    weight_sync = "full"
 
     def __init__(
         self,
@@ -142,6 +163,9 @@ class RayEngine:
         self._start_lock: tuple[Any, asyncio.Lock] | None = None
         self._closed = False
         self._tokenizer: Any = None
+        # the current weights in the object store (None: the checkpoint's) and their version
+        self._weights_ref: Any = None
+        self._weight_version = 0
 
     @property
     def tokenizer(self) -> Any:
@@ -196,7 +220,8 @@ class RayEngine:
         if self.resources_per_replica:
             options["resources"] = self.resources_per_replica
         slot.actor = self._actor_cls.options(**options).remote(
-            {**self._engine_kwargs, "seed": replica_seed}, self._abort_epoch)
+            {**self._engine_kwargs, "seed": replica_seed}, self._abort_epoch, self._weights_ref,
+            self._weight_version)
         slot.ready = False
         slot.inflight = 0
 
@@ -309,6 +334,45 @@ class RayEngine:
     async def health(self) -> bool:
         """True when at least one replica is ready."""
         return not self._closed and any(s.ready for s in self._slots)
+
+    @property
+    def weight_version(self) -> int:
+        """The version every replica serves once `update_weights` returned (0: the checkpoint's)."""
+        return self._weight_version
+
+    def update_weights(self, state: Any, version: int) -> None:
+        """Put `state` in the object store once; every replica copies it in place. Blocks until
+        all live replicas serve `version` (a replica that dies meanwhile restarts with it); a
+        state the model rejects (unknown name, wrong shape) changes nothing and raises. Call it
+        from outside the rollout's event loop (it waits with `ray.get`)."""
+        import ray
+
+        if not isinstance(version, int) or isinstance(version, bool) or version <= self._weight_version:
+            raise ValueError(f"update_weights: version must be an int > the current version "
+                             f"{self._weight_version}, got {version!r}")
+        if not self._started:
+            from pipeline.rollout.async_loop import run_sync
+
+            run_sync(self.start())
+        ref = ray.put(dict(state))
+        before = (self._weights_ref, self._weight_version)
+        # first: a replica spawned from now on starts from these weights
+        self._weights_ref, self._weight_version = ref, version
+        calls = [(i, s.actor.update_weights.remote(ref, version)) for i, s in enumerate(self._slots)
+                 if s.actor is not None]
+        rejected: BaseException | None = None
+        for i, call in calls:
+            try:
+                ray.get(call)
+            except ray.exceptions.RayActorError as exc:
+                # its replacement (started by the next request that finds it dead) loads `ref`
+                logger.warning("ray replica %d died during the weight update (%s)", i, type(exc).__name__)
+            except ray.exceptions.RayTaskError as exc:  # bad names / shapes: no replica copied them
+                rejected = exc.as_instanceof_cause()
+        if rejected is not None:
+            self._weights_ref, self._weight_version = before
+            raise rejected
+        logger.info("ray engine: %d replicas updated to weight version %d", len(calls), version)
 
     async def stats(self) -> list[dict[str, float]]:
         """Per-replica counters (tokens generated, busy seconds)."""

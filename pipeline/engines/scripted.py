@@ -9,7 +9,9 @@ It honours `max_new_tokens` (finish "length"), stop strings / stop token ids (fi
 an optional per-token delay plus a random (unseeded) jitter on top, so abort, partial rollout
 and completion-order independence can be tested, and `abort_all`
 (in-flight requests return their partial output with finish "abort"). Log-probs are fake
-but deterministic. With a fixed seed, a request whose input already ends with a prefix of its
+but deterministic. `update_weights(state, version)` only records the version (the script does not
+depend on weights): every token carries the version current when it was emitted, so an update
+while a request is in flight (with a token delay) splits its tokens between two versions. With a fixed seed, a request whose input already ends with a prefix of its
 script continues the script where it stopped (coherent continuation after an abort).
 
 `ByteTokenizer` is a tiny reversible codec (token id = byte value, plus an EOS id) with the
@@ -141,6 +143,9 @@ def _stable_seed(*parts: Any) -> int:
 class ScriptedEngine:
     """Deterministic fake engine (see module docstring)."""
 
+    # takes update_weights (version bookkeeping only)
+    weight_sync = "full"
+
     def __init__(
         self,
         correct_rate: float = 0.5,
@@ -169,6 +174,23 @@ class ScriptedEngine:
         self.stats = EngineStats()
         self._abort_epoch = 0
         self._closed = False
+        self._weight_version = 0
+        # names of the tensors the last update_weights carried (tests read it)
+        self.last_update_names: list[str] = []
+
+    # ------------------------------------------------------------------ weights
+    @property
+    def weight_version(self) -> int:
+        """The version set by the last `update_weights` (0 before any)."""
+        return self._weight_version
+
+    def update_weights(self, state: Any, version: int) -> None:
+        """Record `version` (must move past the current one); the script ignores the tensors."""
+        if not isinstance(version, int) or isinstance(version, bool) or version <= self._weight_version:
+            raise ValueError(f"update_weights: version must be an int > the current version "
+                             f"{self._weight_version}, got {version!r}")
+        self.last_update_names = list(state)
+        self._weight_version = version
 
     # ------------------------------------------------------------------ script
     def script_for(self, prompt_text: str, rng: random.Random) -> str:
@@ -211,6 +233,7 @@ class ScriptedEngine:
         st.max_in_flight = max(st.max_in_flight, st.in_flight)
         out: list[int] = []
         logps: list[float] = []
+        versions: list[int] = []
         finish = "length"
         try:
             for tok in planned:
@@ -227,6 +250,7 @@ class ScriptedEngine:
                     break
                 out.append(tok)
                 logps.append(-round(rng.random() * 2.0, 6))
+                versions.append(self._weight_version)
                 st.tokens_generated += 1
                 if tok == self.tokenizer.eos_token_id or tok in sp.stop_token_ids:
                     finish = "stop"
@@ -248,6 +272,7 @@ class ScriptedEngine:
             text=self.tokenizer.decode(out),
             finish_reason=finish,  # type: ignore[arg-type]
             log_probs=logps,
+            weight_versions=versions,
         )
 
     async def abort_all(self) -> None:
