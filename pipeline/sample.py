@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline.sample_versions import call_versions, extend_runs
 from pipeline.sample_meta import (SPEC_KEYS, LazyRecord, PrefixCacheInfo, SampleStatus, SpecInfo, StatusAttribute,
                                   routed_experts_rows, top_p_spans)
 
@@ -131,7 +132,9 @@ class Sample:
         spans (`top_p_token_ids` / `top_p_token_offsets`, base64 int32 or lists) and
         `routed_experts` extend their fields; with a `finish_reason` (and `update_terminal_info`),
         its type length/abort/stop sets the status, `weight_version` is appended to
-        `weight_versions`, and the speculative-decoding (when `args.sglang_speculative_algorithm`
+        `weight_versions` (after any other version of `token_weight_versions`, one version per new
+        token, which also extends `metadata["weight_version_runs"]`, see
+        `pipeline.sample_versions`), and the speculative-decoding (when `args.sglang_speculative_algorithm`
         is set or the engine reports them) and prefix-cache counters are added.
         Raises ValueError, changing nothing, when the lengths would disagree.
         """
@@ -143,6 +146,9 @@ class Sample:
             raise ValueError(
                 f"sample {self.index}: {len(log_probs)} log-probs for {len(tokens)} tokens"
             )
+        versions = meta.get("token_weight_versions")
+        if versions is not None and len(versions) != len(tokens):
+            raise ValueError(f"sample {self.index}: {len(versions)} token_weight_versions for {len(tokens)} tokens")
         if self.rollout_log_probs is None and log_probs is not None and self.response_length:
             raise ValueError(
                 f"sample {self.index}: log-probs given now but not for the "
@@ -160,6 +166,7 @@ class Sample:
         elif self.rollout_log_probs is not None:
             # tool tokens carry no log-probs; keep alignment with zeros
             self.rollout_log_probs = list(self.rollout_log_probs) + [0.0] * len(tokens)
+        extend_runs(self.metadata, self.response_length, versions, len(tokens))
         self.response_length += len(tokens)
         if text is not None:
             self.response += text
@@ -196,8 +203,9 @@ class Sample:
             self.spec_info.add(meta)
         if "cached_tokens" in meta or "prompt_tokens" in meta:
             self.prefix_cache_info.add(meta)
-        if "weight_version" in meta:
-            self.weight_versions = [*self.weight_versions, meta["weight_version"]]
+        added = call_versions(meta)
+        if added:
+            self.weight_versions = [*self.weight_versions, *added]
         finish = meta["finish_reason"]
         kind = finish.get("type") if isinstance(finish, dict) else finish
         if kind in _FINISH_TO_STATUS:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from pipeline.sample_versions import group_staleness, serving_version
+
 __all__ = ["pop_first", "reward_topk", "OldestFirst", "oldest_first", "group_mean_reward"]
 
 logger = logging.getLogger(__name__)
@@ -53,9 +55,12 @@ def _start_rollout_id(group: list[Any]) -> int | None:
 
 
 class OldestFirst:
-    """Oldest `metadata["start_rollout_id"]` first; groups staler than `max_staleness` are dropped.
+    """Oldest `metadata["start_rollout_id"]` first; groups staler than `max_staleness` weight
+    versions are dropped.
 
-    A group is stale at rollout r when `r - start_rollout_id > max_staleness`. Dropped groups
+    A group is stale when the weight version the engine serves now (`pipeline.sample_versions.
+    serving_version()`, published by the rollout) minus the oldest version among its tokens
+    exceeds `max_staleness`; with weights that never change nothing is stale. Dropped groups
     are counted in `dropped` (checkpointed with the data source). Groups that never started
     (no start_rollout_id) rank after started ones, in buffer order.
     """
@@ -69,12 +74,13 @@ class OldestFirst:
     def __call__(self, args: Any, rollout_id: int | None, buffer: list[list[Any]], num_samples: int) -> list[list[Any]]:
         """Drop stale groups from `buffer`, then pop the `num_samples` oldest."""
         starts = [_start_rollout_id(g) for g in buffer]
-        if self.max_staleness is not None and rollout_id is not None:
-            stale = {i for i, s in enumerate(starts) if s is not None and rollout_id - s > self.max_staleness}
+        current = serving_version()
+        if self.max_staleness is not None and current is not None:
+            stale = {i for i, g in enumerate(buffer) if group_staleness(g, current) > self.max_staleness}
             if stale:
                 self.dropped += len(stale)
-                logger.info("oldest_first: dropped %d groups staler than %d rollouts at rollout %d",
-                            len(stale), self.max_staleness, rollout_id)
+                logger.info("oldest_first: dropped %d groups staler than %d weight versions at version %d "
+                            "(rollout %s)", len(stale), self.max_staleness, current, rollout_id)
                 buffer[:] = [g for i, g in enumerate(buffer) if i not in stale]
                 starts = [s for i, s in enumerate(starts) if i not in stale]
         ranked = sorted(range(len(buffer)), key=lambda i: (starts[i] is None, starts[i] or 0, i))

@@ -25,6 +25,7 @@ from pipeline.engines.base import GenerationRequest, SamplingParams
 from pipeline.rollout.contracts import PluginOutputError, is_sample_like
 from pipeline.sample import Sample
 from pipeline.sample_meta import coerce_status
+from pipeline.sample_versions import RUNS_KEY, mask_older_than_newest
 
 __all__ = [
     "GenContext",
@@ -60,6 +61,8 @@ class GenContext:
     batch_invariant: bool = False
     tokens_generated: int = 0
     continued_samples: int = 0
+    # tokens given loss mask 0 because a newer version made later tokens of their sample
+    offpolicy_tokens_masked: int = 0
     requests: int = 0
     _fn_cache: dict[str, Any] = field(default_factory=dict)
 
@@ -171,7 +174,7 @@ def reset_sample(sample: Sample) -> None:
     sample.reward = None
     sample.weight_versions = []
     sample.status = Sample.Status.PENDING
-    sample.metadata = {k: v for k, v in sample.metadata.items() if k != "start_rollout_id"}
+    sample.metadata = {k: v for k, v in sample.metadata.items() if k not in ("start_rollout_id", RUNS_KEY)}
 
 
 async def default_generate(
@@ -209,15 +212,16 @@ async def default_generate(
     log_probs = result.log_probs
     if log_probs is not None and sample.rollout_log_probs is None and sample.response_length:
         log_probs = None  # earlier tokens have none; keep the sample consistent
-    version = getattr(ctx.engine, "weight_version", None)
-    sample.append_response_tokens(
-        args,
-        tokens=result.output_ids,
-        log_probs=log_probs,
-        meta_info={"finish_reason": {"type": result.finish_reason},
-                   "weight_version": str(version if version is not None else ctx.rollout_id)},
-        text=result.text,
-    )
+    versions = result.weight_versions
+    # an engine that cannot update its weights serves version 0 throughout
+    version = versions[-1] if versions else getattr(ctx.engine, "weight_version", 0)
+    meta: dict[str, Any] = {"finish_reason": {"type": result.finish_reason}, "weight_version": str(version)}
+    if versions is not None and len(versions) == len(result.output_ids):
+        meta["token_weight_versions"] = list(versions)
+    sample.append_response_tokens(args, tokens=result.output_ids, log_probs=log_probs, meta_info=meta,
+                                  text=result.text)
+    if getattr(args, "mask_offpolicy_in_partial_rollout", False):
+        ctx.offpolicy_tokens_masked += mask_older_than_newest(sample)
     if continued and ctx.tokenizer is not None:
         response_ids = sample.tokens[len(sample.tokens) - sample.response_length:]
         sample.response = ctx.tokenizer.decode(response_ids, skip_special_tokens=True)

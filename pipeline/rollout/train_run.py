@@ -7,9 +7,14 @@ finish, the dynamic filter keeps or drops them (drop iff not keep and not (keep_
 and remaining ≤ target)). When the batch is full, in-flight generation is aborted; unfinished
 groups go back to the buffer with partial_rollout (without it: dropped, or back as fresh prompts
 when nothing of them was generated yet), completed surplus groups are carried to the next
-rollout when the source is buffered (a completed group older than `surplus_max_staleness`
-rollouts is regenerated instead of reused). A buffered source without partial_rollout lets the
-groups in flight finish instead (`finish_surplus`): the over-sampled rounds fill its buffer.
+rollout when the source is buffered (a completed group whose oldest token is more than
+`surplus_max_staleness` weight versions behind the engine's is regenerated instead of reused).
+A buffered source without partial_rollout lets the groups in flight finish instead (`finish_surplus`): the over-sampled rounds fill its buffer.
+
+Weight versions: the engine's `weight_version` is published to buffer filters while the rollout
+fetches (`pipeline.sample_versions.serving_version`), and `rollout/weight_staleness` (max over the
+batch's response tokens of serving version minus the token's version) and
+`rollout/weight_staleness_mean` (mean over tokens) are logged.
 
 Deterministic mode: per-sample seeds come from (seed, group_index, position); each fetch is
 submitted in index order and groups are decided strictly in that order, so the batch is the
@@ -39,6 +44,7 @@ from pipeline.rollout.sample_generate import (
     snapshot,
 )
 from pipeline.sample import Sample
+from pipeline.sample_versions import group_staleness, set_serving_version, token_versions
 
 __all__ = ["TrainRun"]
 
@@ -118,6 +124,10 @@ class TrainRun(LeftoverGroups):
             logger.info("%s", format_summary(f"rollout {self.rollout_id} done in {elapsed:.2f}s", metrics))
         return RolloutFnTrainOutput(samples=groups, metrics=metrics, all_samples=all_groups)
 
+    def serving_version(self) -> int:
+        """The weight version the engine serves now (0 for an engine that cannot update)."""
+        return int(getattr(self.engine_rollout.engine, "weight_version", 0))
+
     def _full(self) -> bool:
         return len(self.kept) >= self.target
 
@@ -130,6 +140,7 @@ class TrainRun(LeftoverGroups):
                 return
             k = sampler.fetch_size(self.target, self.over_sampling_batch_size, shortfall, self.accepted, self.decided)
             buffered_ids = self._buffered_ids()
+            set_serving_version(self.serving_version())  # for buffer filters bounding staleness
             groups = self.data_source.get_samples(k)
             if buffered_ids:
                 self.count["groups_from_buffer"] += sum(id(flatten_group(g)[0]) in buffered_ids for g in groups if g)
@@ -198,8 +209,7 @@ class TrainRun(LeftoverGroups):
     async def _run_group(self, flight: Flight) -> None:
         items = flight.group
         if items and not any(isinstance(s, list) for s in items) and all(is_finished(s) for s in items):
-            start = min(s.metadata.get("start_rollout_id", self.rollout_id) for s in items)
-            if self.rollout_id - start > self.engine_rollout.surplus_max_staleness:
+            if group_staleness(items, self.serving_version()) > self.engine_rollout.surplus_max_staleness:
                 for s in items:
                     reset_sample(s)
                 self.count["stale_groups_regenerated"] += 1
@@ -279,4 +289,15 @@ class TrainRun(LeftoverGroups):
         m["rollout/buffer_size"] = buffer_size(self.data_source)
         m["perf/rollout_generate_time"] = elapsed
         m["rollout/gen_tokens_per_sec"] = self.ctx.tokens_generated / max(elapsed, 1e-9)
+        m["rollout/offpolicy_tokens_masked"] = self.ctx.offpolicy_tokens_masked
+        m.update(self._staleness())
         return m
+
+    def _staleness(self) -> dict[str, float]:
+        """`rollout/weight_staleness` (max) and `_mean` over the kept samples' response tokens of
+        known version: serving version minus the version that made the token."""
+        current = self.serving_version()
+        lags = [current - v for f in self.kept for s in flatten_group(f.group)
+                for v in token_versions(s) if v is not None]
+        return {"rollout/weight_staleness": float(max(lags, default=0)),
+                "rollout/weight_staleness_mean": sum(lags) / len(lags) if lags else 0.0}

@@ -15,6 +15,7 @@ import pytest
 
 from pipeline.data.buffer_filters import OldestFirst, group_mean_reward, oldest_first, pop_first, reward_topk
 from pipeline.sample import Sample
+from pipeline.sample_versions import reset_serving_version, set_serving_version
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -122,35 +123,57 @@ def test_oldest_first_group_age_is_its_oldest_sample():
     assert serve(OldestFirst(), buf, 3, rollout_id=4) == (["mixed", "two", "half"], [])
 
 
-def test_oldest_first_staleness_bound_is_inclusive_and_counted(caplog):
+def made_by(tag: str, *versions: int | None, start: int | None = None) -> list[Sample]:
+    """A group tagged `tag` whose sample j has one response token made by weight version
+    `versions[j]` (None: nothing generated yet), started at rollout `start`."""
+    out = group(tag, rewards=[None] * len(versions), start=[start] * len(versions))
+    for s, v in zip(out, versions):
+        if v is not None:
+            s.append_response_tokens(tokens=[7], meta_info={"token_weight_versions": [v], "weight_version": str(v),
+                                                            "finish_reason": {"type": "stop"}})
+    return out
+
+
+def serve_at(filt: Any, buffer: list[list[Sample]], n: int, version: int | None) -> tuple[list[str], list[str]]:
+    """`serve` while the rollout publishes serving weight version `version`."""
+    token = set_serving_version(version)
+    try:
+        return serve(filt, buffer, n, rollout_id=9)
+    finally:
+        reset_serving_version(token)
+
+
+def test_oldest_first_staleness_bound_counts_weight_versions_inclusively(caplog):
     caplog.set_level(logging.INFO, logger="pipeline.data.buffer_filters")
     filt = oldest_first(max_staleness=2)
-    # at rollout 5: started at 3 is 2 old (kept), at 2 is 3 old (dropped), never started is kept
-    buf = [group("s2", start=(2, 2)), group("s3", start=(3, 3)), group("fresh"), group("s5", start=(5, 5)),
-           group("s1", start=(1, 4))]
-    assert serve(filt, buf, 1, rollout_id=5) == (["s3"], ["fresh", "s5"])
+    # serving version 5: made by 3 is 2 behind (kept), by 2 is 3 behind (dropped), nothing made is kept;
+    # a group is as old as its oldest token (v1 and v4: dropped); start_rollout_id only orders
+    buf = [made_by("v2", 2, 2, start=0), made_by("v3", 3, 3, start=1), made_by("fresh", None, None),
+           made_by("v5", 5, 5, start=0), made_by("v1v4", 1, 4, start=0)]
+    assert serve_at(filt, buf, 1, version=5) == (["v5"], ["v3", "fresh"])
     assert filt.dropped == 2 and filt.metrics() == {"buffer/stale_dropped": 2.0}
     assert [r.getMessage() for r in caplog.records if r.name == "pipeline.data.buffer_filters"] == [
-        "oldest_first: dropped 2 groups staler than 2 rollouts at rollout 5"]
-    # later drops add to the count
-    buf += [group("s6", start=(6, 6))]
-    assert serve(filt, buf, 5, rollout_id=8) == (["s6", "fresh"], [])
+        "oldest_first: dropped 2 groups staler than 2 weight versions at version 5 (rollout 9)"]
+    # later drops add to the count: at version 6 the v3 group is 3 behind
+    buf += [made_by("v6", 6, 6, start=4)]
+    assert serve_at(filt, buf, 5, version=6) == (["v6", "fresh"], [])
     assert filt.dropped == 3 and filt.state_dict() == {"dropped": 3}
 
 
-def test_oldest_first_bound_zero_keeps_only_this_rollout():
+def test_oldest_first_counts_versions_not_rollouts():
     filt = OldestFirst(max_staleness=0)
-    buf = [group("old", start=(3, 3)), group("now", start=(4, 4))]
-    assert serve(filt, buf, 2, rollout_id=4) == (["now"], [])
+    # started many rollouts ago but made by the weights served now: on-policy, kept
+    buf = [made_by("old_rollout_same_weights", 4, 4, start=0), made_by("behind", 3, 4, start=4)]
+    assert serve_at(filt, buf, 2, version=4) == (["old_rollout_same_weights"], [])
     assert filt.dropped == 1
 
 
-def test_oldest_first_without_bound_or_rollout_id_drops_nothing():
-    old = [group("a", start=(0, 0)), group("b", start=(1, 1))]
-    assert serve(OldestFirst(), old, 2, rollout_id=10_000) == (["a", "b"], [])
+def test_oldest_first_without_bound_or_serving_version_drops_nothing():
+    old = [made_by("a", 0, 0, start=0), made_by("b", 1, 1, start=1)]
+    assert serve_at(OldestFirst(), old, 2, version=10_000) == (["a", "b"], [])
     filt = OldestFirst(max_staleness=0)
-    buf = [group("a", start=(0, 0)), group("b", start=(1, 1))]
-    assert serve(filt, buf, 1, rollout_id=None) == (["a"], ["b"])
+    buf = [made_by("a", 0, 0, start=0), made_by("b", 1, 1, start=1)]
+    assert serve_at(filt, buf, 1, version=None) == (["a"], ["b"])  # outside a rollout
     assert filt.dropped == 0
 
 

@@ -160,14 +160,25 @@ def test_surplus_is_carried_reused_and_stale_regenerated(make_rollout, make_sour
     assert [g[0].index for g in out1.samples] == reused_ids
     assert out1.metrics["rollout/surplus_groups_reused"] == 2
     assert len(engine.requests) == n_requests, "carried groups are not generated again"
-    # older than the bound: regenerated instead of reused
+    assert out1.metrics["rollout/weight_staleness"] == 0.0
     if src.buffer:
+        # rollouts alone do not age a group: staleness counts weight versions
+        engine.update_weights({}, 1)
+        out2 = rollout(make_args(rollout_batch_size=1, n_samples_per_prompt=2), 2, src)
+        assert out2.metrics["rollout/stale_groups_regenerated"] == 0
+        assert out2.metrics["rollout/surplus_groups_reused"] == 1
+        assert out2.metrics["rollout/weight_staleness"] == 1.0 == out2.metrics["rollout/weight_staleness_mean"]
+        assert len(engine.requests) == n_requests
+    if src.buffer:
+        # two versions behind, over the bound of 1: regenerated instead of reused
+        engine.update_weights({}, 2)
         stale = src.buffer[0]
         out3 = rollout(make_args(rollout_batch_size=1, n_samples_per_prompt=2), 3, src)
         assert out3.metrics["rollout/stale_groups_regenerated"] == 1
         assert len(engine.requests) > n_requests
         assert out3.samples[0][0].index == stale[0].index
-        assert out3.samples[0][0].weight_versions == ["3"]
+        assert out3.samples[0][0].weight_versions == ["2"]
+        assert out3.metrics["rollout/weight_staleness"] == 0.0
         assert all("start_rollout_id" not in s.metadata for s in out3.samples[0])
 
 
