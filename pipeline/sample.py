@@ -166,7 +166,7 @@ class Sample:
         elif self.rollout_log_probs is not None:
             # tool tokens carry no log-probs; keep alignment with zeros
             self.rollout_log_probs = list(self.rollout_log_probs) + [0.0] * len(tokens)
-        extend_runs(self.metadata, self.response_length, versions, len(tokens))
+        extend_runs(self, versions, len(tokens))
         self.response_length += len(tokens)
         if text is not None:
             self.response += text

@@ -5,7 +5,9 @@ Two records, both kept by `Sample.append_response_tokens`:
   finished it; a call the weights changed during appends each version it saw, in order.
 - `metadata["weight_version_runs"]`: every response token's version, run-length encoded as
   `[[version, count], ...]` over the response in order (`None` for tokens no engine made, e.g.
-  tool output, and for earlier tokens appended without versions).
+  tool output, and for earlier tokens appended without versions); present only once a response
+  mixes versions (while one version made all of it, its `weight_versions` entry says so, and
+  a run without weight updates dumps exactly the fields it did before).
 
 Staleness of a sample (or group) at serving version `v` is `v - oldest version among its
 tokens` (0 for a sample without generated tokens). The rollout in progress publishes `v` through
@@ -37,27 +39,38 @@ def as_version(value: Any) -> int | None:
     return None
 
 
-def extend_runs(metadata: dict[str, Any], before: int, versions: list[int | None] | None, new: int) -> None:
-    """Record the versions of `new` tokens appended after `before` response tokens (`versions`
-    None: unknown). Runs start with the first known version; a new list replaces the old one."""
-    runs = metadata.get(RUNS_KEY)
-    if runs is None and versions is None:
-        return
-    out = [list(r) for r in runs] if runs is not None else ([[None, before]] if before else [])
+def extend_runs(sample: Any, versions: list[int | None] | None, new: int) -> None:
+    """Record the versions of `new` tokens about to be appended to `sample` (`versions` None:
+    unknown). The runs are stored only once the response mixes versions (or known and unknown
+    ones); while one version made every token, `weight_versions` says it all."""
+    runs = sample.metadata.get(RUNS_KEY)
+    before = int(sample.response_length)
+    if runs is None:
+        if versions is None:
+            return
+        out = [[_single(sample), before]] if before else []
+    else:
+        out = [list(r) for r in runs]
     for version in versions if versions is not None else [None] * new:
         if out and out[-1][0] == version:
             out[-1][1] += 1
         else:
             out.append([version, 1])
-    metadata[RUNS_KEY] = out
+    if runs is not None or len(out) > 1 or (out and out[0][0] is None):
+        sample.metadata[RUNS_KEY] = out
+
+
+def _single(sample: Any) -> int | None:
+    """The one version in `weight_versions`, or None when there is none or several."""
+    known = {as_version(v) for v in getattr(sample, "weight_versions", None) or []}
+    return known.pop() if len(known) == 1 else None
 
 
 def token_versions(sample: Any) -> list[int | None]:
     """One version per response token (None where unknown)."""
     runs = (getattr(sample, "metadata", None) or {}).get(RUNS_KEY)
     if runs is None:
-        single = {as_version(v) for v in getattr(sample, "weight_versions", None) or []}
-        return [single.pop() if len(single) == 1 else None] * int(sample.response_length)
+        return [_single(sample)] * int(sample.response_length)
     out: list[int | None] = []
     for version, count in runs:
         out.extend([as_version(version)] * int(count))

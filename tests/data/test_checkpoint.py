@@ -19,6 +19,7 @@ from pipeline import BufferedDataSource, PlainDataSource, Sample
 from pipeline.data import checkpoint as ckpt
 from pipeline.data.buffer_filters import OldestFirst
 from pipeline.data.errors import CheckpointError, DataFingerprintMismatch
+from pipeline.sample_versions import reset_serving_version, set_serving_version
 from tests.data.conftest import make_rows, write_jsonl
 
 
@@ -125,12 +126,15 @@ def test_round_trip_restores_everything(tmp_path: Path, data5: str) -> None:
     src = buffered(data5, tmp_path / "ck", buffer_filter=f)
     groups = src.get_samples(7)
     for g in groups[:3]:
-        for s in g:
+        for s in g:  # made by weight version 0
+            s.append_response_tokens(tokens=[7], meta_info={"weight_version": "0", "finish_reason": {"type": "stop"}})
             s.metadata["start_rollout_id"] = 0
     src.add_samples([[rich_sample(0), rich_sample(1)]] + groups[:3])
     src.begin_rollout(5)
     src.metadata["note"] = [1, 2]
-    src.get_samples(1)  # drops the 3 stale groups, hands out the rich one
+    token = set_serving_version(3)
+    src.get_samples(1)  # at version 3: drops the 3 stale groups, hands out the rich one
+    reset_serving_version(token)
     src.add_samples(groups[3:5])
     src.save(5)
     fresh = buffered(data5, tmp_path / "ck", buffer_filter=OldestFirst(max_staleness=2))
