@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.sample_versions import call_versions, extend_runs
+from pipeline.sample_versions import as_version, call_versions, extend_runs
 from pipeline.sample_meta import (SPEC_KEYS, LazyRecord, PrefixCacheInfo, SampleStatus, SpecInfo, StatusAttribute,
                                   routed_experts_rows, top_p_spans)
 
@@ -147,6 +147,9 @@ class Sample:
                 f"sample {self.index}: {len(log_probs)} log-probs for {len(tokens)} tokens"
             )
         versions = meta.get("token_weight_versions")
+        call_version = as_version(meta.get("weight_version"))
+        if versions is None and trainable and call_version is not None:  # one version for the call (slime)
+            versions = [call_version] * len(tokens)
         if versions is not None and len(versions) != len(tokens):
             raise ValueError(f"sample {self.index}: {len(versions)} token_weight_versions for {len(tokens)} tokens")
         if self.rollout_log_probs is None and log_probs is not None and self.response_length:

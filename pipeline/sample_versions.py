@@ -46,8 +46,8 @@ def extend_runs(sample: Any, versions: list[int | None] | None, new: int) -> Non
     runs = sample.metadata.get(RUNS_KEY)
     before = int(sample.response_length)
     if runs is None:
-        if versions is None:
-            return
+        if versions is None and (not before or _single(sample) is None):
+            return  # nothing known about any token yet
         out = [[_single(sample), before]] if before else []
     else:
         out = [list(r) for r in runs]
