@@ -6,18 +6,28 @@ of `[logprob, token_id, text]`; `meta_info.finish_reason.type` is stop / length 
 `abort_all()` posts `{"abort_all": true}` to `/abort_request`: SGLang then answers every in-flight
 `/generate` with what it generated so far and finish type "abort" (this is how slime aborts).
 Requests still unanswered after `abort_timeout_s` are cancelled and return empty.
+
+Weight sync (`update_weights(state, version)`): the state dict is saved as a Hugging Face folder
+`<weight_sync_dir>/v<version>` (`model.safetensors` + the base checkpoint's config files, written
+to a temp folder and renamed, older versions pruned) and the server is told to load it with
+`POST /update_weights_from_disk {"model_path", "weight_version": "<version>", "flush_cache": true,
+"abort_all_requests": false}` (SGLang's `UpdateWeightFromDiskReqInput`); it answers
+`{"success", "message"}`. The folder must be readable by the server (a shared disk). Each answer's
+`meta_info.weight_version` is the version of its tokens.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, Mapping
 
 import httpx
 
 from pipeline.engines.base import FinishReason, GenerationRequest, GenerationResult
 from pipeline.engines.http_util import LoopLocal, with_retries
+from pipeline.engines.weight_sync import save_hf_folder
+from pipeline.sample_versions import as_version
 
 __all__ = ["SGLangEngine"]
 
@@ -26,6 +36,9 @@ logger = logging.getLogger(__name__)
 
 class SGLangEngine:
     """Client of an SGLang server or router (see module docstring)."""
+
+    # follows a trainer through /update_weights_from_disk (needs weight_sync_dir)
+    weight_sync = "full"
 
     def __init__(
         self,
@@ -40,6 +53,11 @@ class SGLangEngine:
         send_rid: bool = True,
         routing_header: str | None = None,
         extra_sampling_params: dict[str, Any] | None = None,
+        hf_checkpoint: str | None = None,
+        cache_dir: str | None = None,
+        weight_sync_dir: str | None = None,
+        keep_weight_versions: int = 2,
+        update_timeout_s: float = 600.0,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.max_retries = max_retries
@@ -49,6 +67,12 @@ class SGLangEngine:
         self.send_rid = send_rid
         self.routing_header = routing_header
         self.extra_sampling_params = dict(extra_sampling_params or {})
+        self.hf_checkpoint = hf_checkpoint
+        self.cache_dir = cache_dir
+        self.weight_sync_dir = weight_sync_dir
+        self.keep_weight_versions = keep_weight_versions
+        self.update_timeout_s = update_timeout_s
+        self._weight_version = 0
         timeout = httpx.Timeout(request_timeout_s, connect=connect_timeout_s)
         self._http = LoopLocal(lambda: httpx.AsyncClient(
             base_url=self.base_url, timeout=timeout,
@@ -82,9 +106,50 @@ class SGLangEngine:
             payload["rid"] = request.request_id
         return payload
 
-    @staticmethod
-    def parse(request_id: str, output: dict[str, Any]) -> GenerationResult:
-        """Turn a `/generate` answer into a GenerationResult."""
+    @classmethod
+    def follow_trainer_problem(cls, engine_cfg: Mapping[str, Any], lora: bool) -> str | None:
+        """Pre-flight: the server loads each update from a folder, which must be configured."""
+        if not engine_cfg.get("weight_sync_dir"):
+            return ("engine=sglang follows a trainer through /update_weights_from_disk: set "
+                    "engine.weight_sync_dir to a folder this process writes and the SGLang server reads")
+        return None
+
+    @property
+    def weight_version(self) -> int:
+        """The version the server was last told to load (0: the weights it started with)."""
+        return self._weight_version
+
+    def update_weights(self, state: Mapping[str, Any], version: int) -> None:
+        """Save `state` as an HF folder and have the server load it (see module docstring);
+        raises RuntimeError, keeping the version, when the server refuses."""
+        if not isinstance(version, int) or isinstance(version, bool) or version <= self._weight_version:
+            raise ValueError(f"update_weights: version must be an int > the current version "
+                             f"{self._weight_version}, got {version!r}")
+        if not self.weight_sync_dir:
+            raise ValueError(self.follow_trainer_problem({}, False))
+        base = None
+        if self.hf_checkpoint is not None:
+            from pipeline.engines.assets import resolve_checkpoint
+
+            base = resolve_checkpoint(self.hf_checkpoint, self.cache_dir)
+        folder = save_hf_folder(state, base, self.weight_sync_dir, version, keep=self.keep_weight_versions)
+        body = {"model_path": str(folder), "weight_version": str(version), "flush_cache": True,
+                "abort_all_requests": False}
+        try:
+            resp = httpx.post(f"{self.base_url}/update_weights_from_disk", json=body,
+                              timeout=self.update_timeout_s)
+            answer = resp.json() if resp.content else {}
+        except (httpx.HTTPError, ValueError) as exc:
+            raise RuntimeError(f"sglang /update_weights_from_disk at {self.base_url} failed: {exc!r}") from exc
+        if not resp.is_success or not answer.get("success", False):
+            raise RuntimeError(f"sglang /update_weights_from_disk refused {folder} (HTTP {resp.status_code}): "
+                               f"{answer.get('message', resp.text[:300])}")
+        self._weight_version = version
+        logger.info("sglang engine: server loaded weight version %d from %s", version, folder)
+
+    def parse(self, request_id: str, output: dict[str, Any]) -> GenerationResult:
+        """Turn a `/generate` answer into a GenerationResult (its tokens' version: the answer's
+        `meta_info.weight_version`, else the version last loaded)."""
         try:
             meta = output["meta_info"]
             items = meta.get("output_token_logprobs") or []
@@ -95,8 +160,10 @@ class SGLangEngine:
         reason: FinishReason = kind if kind in ("stop", "length", "abort") else "stop"
         ids = [int(item[1]) for item in items]
         log_probs = [float(item[0]) if item[0] is not None else 0.0 for item in items]
+        version = as_version(meta.get("weight_version"))
         return GenerationResult(request_id, ids, output.get("text") or "", reason,
-                                log_probs if items else None)
+                                log_probs if items else None,
+                                [self._weight_version if version is None else version] * len(ids))
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         """POST /generate (see `pipeline.engines.base.Engine`)."""

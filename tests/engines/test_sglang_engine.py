@@ -128,4 +128,71 @@ def test_session_routing_header_and_seed() -> None:
 
 def test_malformed_answer_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="not an SGLang /generate answer"):
-        SGLangEngine.parse("r", {"text": "x"})
+        SGLangEngine("http://127.0.0.1:9").parse("r", {"text": "x"})
+
+
+def test_update_weights_saves_an_hf_folder_and_posts_update_weights_from_disk(tmp_path: Path) -> None:
+    """The recorded protocol of SGLang's /update_weights_from_disk (UpdateWeightFromDiskReqInput
+    in, {"success", "message"} out), then answers carrying the new weight_version."""
+    import torch
+    from safetensors.torch import load_file
+
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "config.json").write_text('{"model_type": "llama"}')
+    embed = torch.arange(6, dtype=torch.float32).reshape(3, 2)
+    # tied weights share storage, as a model's state dict gives them
+    state = {"model.embed_tokens.weight": embed, "lm_head.weight": embed, "model.norm.weight": torch.ones(2)}
+    fx = load("generate_stop")
+    loaded: list[str] = []
+
+    def handler(path: str, body: dict[str, Any]) -> tuple[int, Any]:
+        if path == "/update_weights_from_disk":
+            folder = Path(body["model_path"])
+            if not (folder / "model.safetensors").is_file():
+                return 400, {"success": False, "message": f"no weights in {folder}"}
+            loaded.append(body["weight_version"])
+            return 200, {"success": True, "message": "Succeeded to update model weights.", "num_paused_requests": 0}
+        response = json.loads(json.dumps(fx["response"]))
+        response["meta_info"]["weight_version"] = loaded[-1] if loaded else "default"
+        return 200, response
+
+    with serve(FakeServer(handler)) as fake:
+        engine = SGLangEngine(fake.url, hf_checkpoint=str(base), weight_sync_dir=str(tmp_path / "sync"),
+                              keep_weight_versions=2)
+        before = asyncio.run(engine.generate(request_from_fixture(fx)))
+        assert engine.weight_version == 0 and before.weight_versions == [0] * len(before.output_ids)
+        for version in (1, 2, 3):
+            engine.update_weights(state, version)
+        after = asyncio.run(engine.generate(request_from_fixture(fx)))
+    updates = [body for path, body in fake.requests if path == "/update_weights_from_disk"]
+    assert [u["weight_version"] for u in updates] == ["1", "2", "3"] == loaded
+    assert updates[-1] == {"model_path": str(tmp_path / "sync" / "v3"), "weight_version": "3",
+                           "flush_cache": True, "abort_all_requests": False}
+    assert engine.weight_version == 3 and after.weight_versions == [3] * len(after.output_ids)
+    # an HF folder: safetensors with every name (tied copies included) and the base config
+    saved = load_file(str(tmp_path / "sync" / "v3" / "model.safetensors"))
+    assert set(saved) == set(state) and all(torch.equal(saved[k], state[k]) for k in state)
+    assert (tmp_path / "sync" / "v3" / "config.json").read_text() == '{"model_type": "llama"}'
+    # older versions pruned, no temp folders left
+    assert sorted(p.name for p in (tmp_path / "sync").iterdir()) == ["v2", "v3"]
+
+
+def test_a_refused_update_is_a_clear_error_and_keeps_the_version(tmp_path: Path) -> None:
+    import torch
+
+    def handler(path: str, body: dict[str, Any]) -> tuple[int, Any]:
+        return 400, {"success": False, "message": "Failed to load weights: shape mismatch for lm_head.weight"}
+
+    with serve(FakeServer(handler)) as fake:
+        engine = SGLangEngine(fake.url, weight_sync_dir=str(tmp_path))
+        with pytest.raises(RuntimeError, match="refused .*HTTP 400.*shape mismatch for lm_head.weight"):
+            engine.update_weights({"w": torch.zeros(2)}, 1)
+        assert engine.weight_version == 0
+        with pytest.raises(ValueError, match="version must be an int > the current version 0"):
+            engine.update_weights({"w": torch.zeros(2)}, 0)
+    unset = SGLangEngine("http://127.0.0.1:9")
+    assert "engine.weight_sync_dir" in SGLangEngine.follow_trainer_problem({"weight_sync_dir": None}, False)
+    assert SGLangEngine.follow_trainer_problem({"weight_sync_dir": str(tmp_path)}, False) is None
+    with pytest.raises(ValueError, match="engine.weight_sync_dir"):
+        unset.update_weights({}, 1)
