@@ -13,6 +13,14 @@ far with finish_reason "abort". Output token ids come from `token_id:N` log-prob
 server gives them (vLLM dialect); otherwise the text is re-tokenized with the checkpoint's
 tokenizer (then log-probs are kept only when their count matches). Retries with exponential
 backoff cover connection errors, timeouts and 408/429/5xx answers, before any token arrived.
+
+Weight sync: an OpenAI-compatible server cannot take full weights, so this engine follows a
+trainer only through vLLM's runtime LoRA loading (server started with `--enable-lora` and
+`VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`), with a LoRA trainer and `lora_name` set:
+`update_lora(adapter_path, version)` posts `/v1/load_lora_adapter {"lora_name":
+"<lora_name>-v<version>", "lora_path": adapter_path}` (a peft adapter folder the server can
+read), sends later requests to that adapter (`model`), then unloads the previous one
+(`/v1/unload_lora_adapter`). Without it the pre-flight check refuses a trainer.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ import asyncio
 import json
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Mapping
 
 import httpx
 
@@ -44,6 +52,8 @@ class _Partial:
     tokens: list[str] = field(default_factory=list)
     log_probs: list[float | None] = field(default_factory=list)
     finish: str | None = None
+    # the engine's weight version when the request was sent
+    version: int = 0
 
     def reset(self) -> None:
         self.text, self.tokens, self.log_probs, self.finish = "", [], [], None
@@ -63,6 +73,9 @@ class _Partial:
 class OpenAIEngine:
     """Client of an OpenAI-compatible completions server (see module docstring)."""
 
+    # follows a LoRA trainer only, through update_lora (vLLM), when lora_name is set
+    weight_sync = "lora"
+
     def __init__(
         self,
         base_url: str,
@@ -81,6 +94,8 @@ class OpenAIEngine:
         health_path: str = "/health",
         api_key: str | None = None,
         extra_body: dict[str, Any] | None = None,
+        lora_name: str | None = None,
+        lora_timeout_s: float = 300.0,
     ) -> None:
         if dialect not in ("openai", "vllm", "transformers_serve"):
             raise ValueError(f"engine.dialect must be openai, vllm or transformers_serve; got {dialect!r}")
@@ -96,7 +111,11 @@ class OpenAIEngine:
         self.completions_path = completions_path
         self.health_path = health_path
         self.extra_body = dict(extra_body or {})
+        self.lora_name = lora_name
+        self.lora_timeout_s = lora_timeout_s
+        self._weight_version = 0
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._headers = headers
         timeout = httpx.Timeout(request_timeout_s, connect=connect_timeout_s)
         self._http = LoopLocal(lambda: httpx.AsyncClient(
             base_url=self.base_url, timeout=timeout, headers=headers,
@@ -116,6 +135,52 @@ class OpenAIEngine:
                 raise ValueError("engine.hf_checkpoint is needed to convert between text and ids")
             self._tokenizer = load_tokenizer(resolve_checkpoint(self.hf_checkpoint, self.cache_dir))
         return self._tokenizer
+
+    # -- weight sync (LoRA only) ---------------------------------------------------------------
+
+    @classmethod
+    def follow_trainer_problem(cls, engine_cfg: Mapping[str, Any], lora: bool) -> str | None:
+        """Pre-flight: full weights never; a LoRA adapter when `lora_name` is set."""
+        if lora and engine_cfg.get("lora_name"):
+            return None
+        if lora:
+            return ("engine=openai follows a LoRA trainer only through vLLM's /v1/load_lora_adapter: set "
+                    "engine.lora_name (and start vLLM with --enable-lora, VLLM_ALLOW_RUNTIME_LORA_UPDATING=True)")
+        return ("engine=openai cannot follow a trainer: an OpenAI-compatible server cannot take full weights "
+                "(only vLLM LoRA adapters: a LoRA trainer plus engine.lora_name); use engine=hf, ray or "
+                "sglang, or trainer=none")
+
+    @property
+    def weight_version(self) -> int:
+        """The version of the adapter requests go to (0: the served model itself)."""
+        return self._weight_version
+
+    def update_weights(self, state: Mapping[str, Any], version: int) -> None:
+        """Always refused: this engine cannot take full weights (see `update_lora`)."""
+        raise RuntimeError(self.follow_trainer_problem({}, False))
+
+    def update_lora(self, adapter_path: str, version: int) -> None:
+        """Load the peft adapter folder `adapter_path` as `<lora_name>-v<version>` and send later
+        requests to it; the previous adapter is unloaded (see module docstring)."""
+        if not self.lora_name:
+            raise RuntimeError(self.follow_trainer_problem({}, True))
+        if not isinstance(version, int) or isinstance(version, bool) or version <= self._weight_version:
+            raise ValueError(f"update_lora: version must be an int > the current version "
+                             f"{self._weight_version}, got {version!r}")
+        name = f"{self.lora_name}-v{version}"
+        with httpx.Client(base_url=self.base_url, headers=self._headers, timeout=self.lora_timeout_s) as client:
+            resp = client.post("/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(adapter_path)})
+            if not resp.is_success:
+                raise RuntimeError(f"{self.base_url}/v1/load_lora_adapter refused {adapter_path} as {name} "
+                                   f"(HTTP {resp.status_code}): {resp.text[:300]}")
+            previous = self.model if self._weight_version > 0 else None
+            self.model, self._weight_version = name, version
+            if previous:
+                gone = client.post("/v1/unload_lora_adapter", json={"lora_name": previous})
+                if not gone.is_success:
+                    logger.warning("could not unload LoRA adapter %s (HTTP %d): %s", previous,
+                                   gone.status_code, gone.text[:200])
+        logger.info("openai engine: requests now go to LoRA adapter %s (version %d)", name, version)
 
     # -- request building ---------------------------------------------------------------------
 
@@ -169,7 +234,7 @@ class OpenAIEngine:
         if self._closed:
             raise RuntimeError("OpenAIEngine is closed")
         body = self.build_body(request)
-        partial = _Partial()
+        partial = _Partial(version=self._weight_version)
         epoch = self._abort_epoch
         task = asyncio.create_task(self._exchange(body, partial, request.request_id))
         self._inflight.add(task)
@@ -220,7 +285,7 @@ class OpenAIEngine:
         log_probs: list[float] | None = None
         if partial.log_probs and len(partial.log_probs) == len(ids):
             log_probs = [float(x) if x is not None else 0.0 for x in partial.log_probs]
-        return GenerationResult(rid, ids, partial.text, finish, log_probs)
+        return GenerationResult(rid, ids, partial.text, finish, log_probs, [partial.version] * len(ids))
 
     async def abort_all(self) -> None:
         """Cancel every in-flight request; each returns finish "abort" with what it received."""

@@ -124,3 +124,52 @@ def test_abort_returns_streamed_partial() -> None:
 def test_unknown_dialect_is_refused() -> None:
     with pytest.raises(ValueError, match="dialect"):
         OpenAIEngine("http://x", dialect="tgi")  # type: ignore[arg-type]
+
+
+def test_lora_updates_load_the_adapter_route_requests_to_it_and_unload_the_old_one() -> None:
+    """vLLM's runtime LoRA protocol: /v1/load_lora_adapter {lora_name, lora_path} answers 200 with
+    text; requests then name the adapter as `model`; /v1/unload_lora_adapter drops the old one."""
+    loaded: set[str] = set()
+
+    def handler(path: str, body: dict[str, Any]) -> tuple[int, Any]:
+        if path == "/v1/load_lora_adapter":
+            if body["lora_name"] in loaded:
+                return 400, {"message": f"The lora adapter '{body['lora_name']}' has already been loaded."}
+            loaded.add(body["lora_name"])
+            return 200, b'"Success: LoRA adapter added successfully."'
+        if path == "/v1/unload_lora_adapter":
+            loaded.discard(body["lora_name"])
+            return 200, b'"Success: LoRA adapter removed successfully."'
+        if body["model"] not in loaded | {"base"}:
+            return 404, {"error": f"model {body['model']} does not exist"}
+        return vllm_answer(path, body)
+
+    with serve(FakeServer(handler)) as fake:
+        engine = OpenAIEngine(fake.url, model="base", dialect="vllm", stream=False, lora_name="policy")
+        first = asyncio.run(engine.generate(req(n=2)))
+        engine.update_lora("/shared/adapters/v1", 1)
+        second = asyncio.run(engine.generate(req(n=2)))
+        engine.update_lora("/shared/adapters/v2", 2)
+        third = asyncio.run(engine.generate(req(n=2)))
+    calls = [(p, b) for p, b in fake.requests if "lora" in p]
+    assert calls == [("/v1/load_lora_adapter", {"lora_name": "policy-v1", "lora_path": "/shared/adapters/v1"}),
+                     ("/v1/load_lora_adapter", {"lora_name": "policy-v2", "lora_path": "/shared/adapters/v2"}),
+                     ("/v1/unload_lora_adapter", {"lora_name": "policy-v1"})]
+    models = [b["model"] for p, b in fake.requests if p == "/v1/completions"]
+    assert models == ["base", "policy-v1", "policy-v2"] and loaded == {"policy-v2"}
+    assert (first.weight_versions, second.weight_versions, third.weight_versions) == ([0, 0], [1, 1], [2, 2])
+    assert engine.weight_version == 2
+
+
+def test_openai_engine_refuses_full_weights_and_a_refused_adapter_keeps_the_version() -> None:
+    with serve(FakeServer(lambda path, body: (400, {"message": "LoRA is not enabled (--enable-lora)"}))) as fake:
+        engine = OpenAIEngine(fake.url, model="base", lora_name="policy")
+        with pytest.raises(RuntimeError, match="refused /a as policy-v1 .*HTTP 400.*--enable-lora"):
+            engine.update_lora("/a", 1)
+        assert engine.weight_version == 0 and engine.model == "base"
+    with pytest.raises(RuntimeError, match="cannot follow a trainer: an OpenAI-compatible server cannot take full"):
+        engine.update_weights({}, 1)
+    with pytest.raises(RuntimeError, match="set engine.lora_name"):
+        OpenAIEngine("http://127.0.0.1:9").update_lora("/a", 1)
+    assert OpenAIEngine.follow_trainer_problem({"lora_name": "p"}, lora=True) is None
+    assert "cannot take full weights" in OpenAIEngine.follow_trainer_problem({"lora_name": "p"}, lora=False)
