@@ -66,9 +66,11 @@ def collect_problems(cfg: dict[str, Any]) -> list[str]:
     _plugins(cfg, out)
     _allowlist(cfg, out)
     if not out:  # imports the rollout / eval targets and reads the prompt files: only when sound
+        from pipeline.engines.preflight import trainer_engine_problems
         from pipeline.rewards.preflight import reward_problems
 
         out += reward_problems(cfg)
+        out += trainer_engine_problems(cfg)  # an engine that cannot follow the trainer
     return out
 
 
