@@ -83,6 +83,8 @@ class EngineRollout:
         self.progress = bool(progress)
         self.summary = bool(summary)
         self.last_metrics: dict[str, Any] = {}
+        # the weight version a resumed checkpoint was written at (see load_state_dict)
+        self.resumed_weight_version = 0
 
     def __call__(
         self, args: Any, rollout_id: int, data_source: Any, evaluation: bool = False
@@ -113,9 +115,18 @@ class EngineRollout:
         return self.evaluator
 
     def state_dict(self) -> dict[str, Any]:
-        """JSON-able state carried across rollouts (the adaptive pass-rate estimate)."""
-        return {"over_sampler": self.over_sampler.state_dict()}
+        """JSON-able state carried across rollouts: the adaptive pass-rate estimate and the
+        weight version the engine serves (0 for an engine that cannot update)."""
+        return {"over_sampler": self.over_sampler.state_dict(),
+                "weight_version": int(getattr(self.engine, "weight_version", 0))}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore `state_dict()` output."""
+        """Restore `state_dict()` output. The weights themselves are the trainer's to restore:
+        `resumed_weight_version` tells it (and a warning says so) which version the engine must
+        get back through `update_weights` before the next rollout."""
         self.over_sampler.load_state_dict(state["over_sampler"])
+        self.resumed_weight_version = int(state.get("weight_version", 0))  # checkpoints before versions: 0
+        serving = int(getattr(self.engine, "weight_version", 0))
+        if self.resumed_weight_version != serving:
+            logger.warning("resume: the checkpoint was written at weight version %d, the engine serves %d "
+                           "until the trainer sends its restored weights", self.resumed_weight_version, serving)

@@ -136,3 +136,26 @@ def test_runs_cover_tool_tokens_and_bad_version_lists_change_nothing():
     with pytest.raises(ValueError, match="2 token_weight_versions for 1 tokens"):
         s.append_response_tokens(tokens=[6], meta_info={"token_weight_versions": [3, 3]})
     assert s.to_dict() == before
+
+
+def test_the_weight_version_survives_a_checkpoint_for_the_trainer_to_restore(make_rollout, make_source, tmp_path,
+                                                                             caplog):
+    from pipeline.runner import ROLLOUT_STATE_KEY
+
+    engine = ScriptedEngine()
+    rollout = make_rollout(engine)
+    src = make_source(n=2, save_dir=tmp_path / "ck")
+    rollout(make_args(rollout_batch_size=1, n_samples_per_prompt=2), 0, src)
+    engine.update_weights({}, 3)
+    src.metadata[ROLLOUT_STATE_KEY] = rollout.state_dict()  # what the runner stashes before a save
+    src.save(0)
+    resumed_src = make_source(n=2, save_dir=tmp_path / "ck")
+    assert resumed_src.load() == 0
+    resumed = make_rollout(ScriptedEngine())
+    with caplog.at_level("WARNING", logger="pipeline.rollout.engine_rollout"):
+        resumed.load_state_dict(resumed_src.metadata[ROLLOUT_STATE_KEY])
+    assert resumed.resumed_weight_version == 3
+    assert "written at weight version 3, the engine serves 0" in caplog.text
+    # a checkpoint written before weight versions existed reads as version 0
+    resumed.load_state_dict({"over_sampler": rollout.state_dict()["over_sampler"]})
+    assert resumed.resumed_weight_version == 0
