@@ -45,3 +45,26 @@ def request(tokenizer: Any, rid: str, question: str = "What is 7 + 5?", **sampli
 def run(coro: Any) -> Any:
     """Run a coroutine on a fresh event loop."""
     return asyncio.run(coro)
+
+
+def perturbed_state(model_path: str, factor: float = 0.7) -> dict[str, Any]:
+    """Every layer's mlp.down_proj scaled by `factor` (HF names): a policy whose greedy output
+    differs from the checkpoint's, standing in for a trainer's update."""
+    import os
+
+    from safetensors import safe_open
+
+    with safe_open(os.path.join(model_path, "model.safetensors"), "pt") as f:
+        return {k: f.get_tensor(k) * factor for k in f.keys() if k.endswith("mlp.down_proj.weight")}
+
+
+def reference_greedy(model_path: str, state: dict[str, Any], ids: list[int], n: int) -> list[int]:
+    """Greedy ids of an independent transformers model carrying `state` (its `generate`)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    model.load_state_dict(state, strict=False)
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, min_new_tokens=n)
+    return out[0, len(ids):].tolist()
