@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from typing import Any
 from collections.abc import Iterator
 
 import pytest
@@ -200,3 +201,64 @@ def test_abort_reaches_requests_queued_on_the_driver(pool: RayEngine, hf_engine,
 
     result = loop.run_until_complete(asyncio.wait_for(go(), 30))
     assert result.finish_reason == "abort" and result.output_ids == []
+
+
+# -- weight sync (mutates the pool's weights: keep these tests last in the module) --------------
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_weight_update_reaches_both_replicas_and_a_restarted_one(
+    pool: RayEngine, model_path: str, loop: asyncio.AbstractEventLoop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pipeline.engines.hf import HFEngine
+    from tests.engines.conftest import perturbed_state
+
+    state = perturbed_state(model_path)
+    reference = HFEngine(model_path, num_threads=1, max_batch_size=2)
+    try:
+        reference.update_weights(state, 1)
+        tok = reference.tokenizer
+        req = request(tok, "g", "What is 7 + 5?", temperature=0.0, max_new_tokens=10)
+        expected = loop.run_until_complete(reference.generate(req))
+        original = loop.run_until_complete(pool.generate(req))
+        assert original.output_ids != expected.output_ids and original.weight_versions == [0] * 10
+    finally:
+        reference.close()
+
+    puts: list[Any] = []
+    real_put = ray.put
+    monkeypatch.setattr(ray, "put", lambda value, **kw: puts.append(value) or real_put(value, **kw))
+    pool.update_weights(state, 1)
+    assert len(puts) == 1 and pool.weight_version == 1  # one object in the store for every replica
+
+    def on_each_replica() -> list[dict]:
+        return ray.get([actor.generate.remote(request_to_dict(req), pool._abort_epoch)
+                        for actor in pool.replicas()])
+
+    for out in on_each_replica():
+        assert out["output_ids"] == expected.output_ids and out["weight_versions"] == [1] * 10
+    assert ray.get([a.weight_version.remote() for a in pool.replicas()]) == [1, 1]
+
+    # a replica killed after the update comes back serving version 1
+    victim = pool.replicas()[1]
+    ray.kill(victim)
+
+    async def until_replaced() -> list:
+        outs: list = []
+        while pool.replicas()[1] is victim:  # concurrent requests reach both slots (least-loaded)
+            outs += await asyncio.gather(*(pool.generate(request(
+                tok, f"k{len(outs) + i}", "What is 7 + 5?", temperature=0.0, max_new_tokens=10)) for i in range(2)))
+        while not all(s.ready for s in pool._slots):
+            await asyncio.sleep(0.1)
+        return outs
+
+    outs = loop.run_until_complete(asyncio.wait_for(until_replaced(), 150))
+    assert outs and all(o.output_ids == expected.output_ids and o.weight_versions == [1] * 10 for o in outs)
+    assert ray.get([a.weight_version.remote() for a in pool.replicas()]) == [1, 1]
+    for out in on_each_replica():
+        assert out["output_ids"] == expected.output_ids and out["weight_versions"] == [1] * 10
+    # a state the model rejects changes nothing on any replica
+    with pytest.raises(ValueError, match="names the model does not have"):
+        pool.update_weights({"model.layers.99.mlp.up_proj.weight": state[next(iter(state))]}, 2)
+    assert pool.weight_version == 1
+    assert ray.get([a.weight_version.remote() for a in pool.replicas()]) == [1, 1]
