@@ -96,15 +96,17 @@ def group_staleness(group: Iterable[Any], current: int) -> int:
     return max((staleness(s, current) for s in group), default=0)
 
 
-def call_versions(meta: dict[str, Any]) -> list[str]:
+def call_versions(meta: dict[str, Any]) -> list[Any]:
     """The `weight_versions` entries one engine answer adds: each distinct per-token version in
-    order, ending with `meta["weight_version"]` (slime appends just that one)."""
-    out: list[str] = []
+    order (as strings), ending with `meta["weight_version"]` as given (slime appends just that)."""
+    out: list[Any] = []
     for v in meta.get("token_weight_versions") or []:
-        if not out or out[-1] != str(v):
+        if not out or str(out[-1]) != str(v):
             out.append(str(v))
-    if "weight_version" in meta and (not out or out[-1] != str(meta["weight_version"])):
-        out.append(str(meta["weight_version"]))
+    if "weight_version" in meta:
+        if out and str(out[-1]) == str(meta["weight_version"]):
+            out.pop()
+        out.append(meta["weight_version"])
     return out
 
 
