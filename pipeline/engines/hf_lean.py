@@ -3,11 +3,17 @@
 `LeanDecoder` takes the weights of a loaded `transformers` model (no copies except the fused
 projections) and runs one decode step for a batch with plain torch ops: per layer one fused
 q/k/v matmul, RoPE from a precomputed table, the new key/value written into a pre-allocated
-cache, grouped-query attention as two batched matmuls over the live cache columns (no copies,
-no head repetition), one fused gate/up matmul. That is 4 matmuls and about 20 small ops per
+cache, grouped-query attention as one SDPA call over the live cache columns (the query heads
+of a key/value head are its queries: no copies, no head repetition), one fused gate/up matmul. That is 4 matmuls and about 20 small ops per
 layer instead of the generic module stack with its per-step mask building and `DynamicCache`
 concatenation. The arithmetic is the same as the transformers implementation (RMSNorm in float32,
 the same RoPE values); only the rounding of reordered sums differs.
+
+The per-layer work is one module-level function (`decode_layer`) that takes the layer's
+weights as arguments, so `torch.compile` (`compile=True`) traces it once and reuses the compiled
+code for all layers (compiling the whole 30-layer step instead took 7+ minutes here). The weights
+stay graph inputs, not constants: `refresh()` copies changed model weights into the fused
+tensors in place, and the next step, compiled or not, uses them.
 
 Supported: decoder-only models with the Llama layer layout (`model.model.layers[i].self_attn.
 {q,k,v,o}_proj`, `mlp.{gate,up,down}_proj`, RMSNorms, SiLU, full attention, optional q/k/v bias
@@ -44,7 +50,7 @@ def supports(model: Any) -> str | None:
 class LeanDecoder:
     """Runs decode steps of `model` against caller-owned key/value caches (see module doc)."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, compile: bool = False) -> None:
         reason = supports(model)
         if reason is not None:
             raise ValueError(f"the static decode path cannot run this model: {reason}")
@@ -67,6 +73,9 @@ class LeanDecoder:
             probe = torch.zeros(1, dtype=self.dtype)
             cos, sin = inner.rotary_emb(probe, torch.arange(positions).unsqueeze(0))
         self.cos, self.sin = cos[0], sin[0]  # [positions, head_dim], the transformers values
+        self.compiled = compile
+        # one compiled graph for every layer; shapes (rows, live columns) are symbolic
+        self._layer = torch.compile(decode_layer, dynamic=True) if compile else decode_layer
 
     def _fuse(self, layer: Any) -> dict[str, Any]:
         attn, mlp = layer.self_attn, layer.mlp
@@ -74,18 +83,27 @@ class LeanDecoder:
         bias = None
         if attn.q_proj.bias is not None:
             bias = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]).detach()
+        q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
         return {
-            "in_norm": layer.input_layernorm, "post_norm": layer.post_attention_layernorm,
+            "in_norm": layer.input_layernorm.weight, "post_norm": layer.post_attention_layernorm.weight,
+            "eps": float(layer.input_layernorm.variance_epsilon),
             "qkv": qkv, "qkv_bias": bias, "o": attn.o_proj.weight,
-            "q_norm": getattr(attn, "q_norm", None), "k_norm": getattr(attn, "k_norm", None),
+            "q_norm": None if q_norm is None else q_norm.weight,
+            "k_norm": None if k_norm is None else k_norm.weight,
             "gate_up": torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach(),
             "down": mlp.down_proj.weight,
         }
 
     def refresh(self) -> None:
-        """Rebuild the fused copies (q/k/v, gate/up) after the model's weights changed in place;
-        the other weights are the model's own tensors and need nothing."""
-        self.layers = [self._fuse(layer) for layer in self._source_layers]
+        """Copy the model's current weights into the fused q/k/v and gate/up tensors in place
+        (after the model's weights changed in place); the other weights are the model's own
+        tensors. The tensors keep their identity, so a compiled step needs no recompile."""
+        with torch.no_grad():
+            for fused, layer in zip(self.layers, self._source_layers):
+                new = self._fuse(layer)
+                for key in ("qkv", "qkv_bias", "gate_up"):
+                    if fused[key] is not None:
+                        fused[key].copy_(new[key])
 
     def new_cache(self, rows: int, columns: int) -> torch.Tensor:
         """An empty key+value cache [2, layers, rows, kv_heads, columns, head_dim]."""
@@ -102,35 +120,57 @@ class LeanDecoder:
         Returns float32 logits [B, V].
         """
         rows = tokens.shape[0]
-        heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_dim
-        group = heads // kv_heads
+        dim = self.head_dim
         cos = self.cos[positions].view(rows, 1, 1, dim)
         sin = self.sin[positions].view(rows, 1, 1, dim)
         x = self.embed[tokens]  # [B, hidden]
         for i, w in enumerate(self.layers):
-            h = w["in_norm"](x)
-            qkv = torch.nn.functional.linear(h, w["qkv"], w["qkv_bias"])
-            q = qkv[:, : heads * dim].view(rows, kv_heads, group, dim)
-            k = qkv[:, heads * dim: (heads + kv_heads) * dim].view(rows, kv_heads, 1, dim)
-            v = qkv[:, (heads + kv_heads) * dim:].view(rows, kv_heads, 1, dim)
-            if w["q_norm"] is not None:
-                q, k = w["q_norm"](q), w["k_norm"](k)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
-            keys, values = cache[0, i, :rows], cache[1, i, :rows]
-            keys[:, :, column: column + 1] = k
-            values[:, :, column: column + 1] = v
-            live_k = keys[:, :, start: column + 1]
-            live_v = values[:, :, start: column + 1]
-            scores = torch.matmul(q, live_k.transpose(-1, -2)) * self.scaling + bias  # [B,KV,G,L]
-            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(self.dtype)
-            attn = torch.matmul(probs, live_v).reshape(rows, heads * dim)
-            x = x + torch.nn.functional.linear(attn, w["o"])
-            h = w["post_norm"](x)
-            gate, up = torch.nn.functional.linear(h, w["gate_up"]).chunk(2, dim=-1)
-            x = x + torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, w["down"])
+            x = self._layer(x, cos, sin, cache[0, i, :rows], cache[1, i, :rows], column, start, bias,
+                            w["in_norm"], w["post_norm"], w["eps"], w["qkv"], w["qkv_bias"],
+                            w["q_norm"], w["k_norm"], w["o"], w["gate_up"], w["down"],
+                            self.num_heads, self.num_kv_heads, self.scaling)
         x = self.norm(x)
         return torch.nn.functional.linear(x, self.lm_head).float()
+
+
+def decode_layer(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor,
+                 values: torch.Tensor, column: int, start: int, bias: torch.Tensor,
+                 in_norm: torch.Tensor, post_norm: torch.Tensor, eps: float, qkv_w: torch.Tensor,
+                 qkv_bias: torch.Tensor | None, q_norm: torch.Tensor | None,
+                 k_norm: torch.Tensor | None, o_w: torch.Tensor, gate_up_w: torch.Tensor,
+                 down_w: torch.Tensor, heads: int, kv_heads: int, scaling: float) -> torch.Tensor:
+    """One Llama-family layer for one new token per row (see `LeanDecoder.step`); writes the
+    row's key/value at `column` of `keys` / `values` [B, kv_heads, columns, head_dim]."""
+    rows, dim = x.shape[0], keys.shape[-1]
+    group = heads // kv_heads
+    linear = torch.nn.functional.linear
+    h = rms_norm(x, in_norm, eps)
+    qkv = linear(h, qkv_w, qkv_bias)
+    q = qkv[:, : heads * dim].view(rows, kv_heads, group, dim)
+    k = qkv[:, heads * dim: (heads + kv_heads) * dim].view(rows, kv_heads, 1, dim)
+    v = qkv[:, (heads + kv_heads) * dim:].view(rows, kv_heads, 1, dim)
+    if q_norm is not None and k_norm is not None:
+        q, k = rms_norm(q, q_norm, eps), rms_norm(k, k_norm, eps)
+    q = q * cos + _rotate_half(q) * sin
+    k = k * cos + _rotate_half(k) * sin
+    keys[:, :, column: column + 1] = k
+    values[:, :, column: column + 1] = v
+    # grouped-query attention with the G query heads of a key/value head as G queries: one
+    # fused SDPA call over the live columns, no head repetition, no copy of the cache slice
+    attn = torch.nn.functional.scaled_dot_product_attention(
+        q, keys[:, :, start: column + 1], values[:, :, start: column + 1], attn_mask=bias,
+        scale=scaling).reshape(rows, heads * dim)
+    x = x + linear(attn, o_w)
+    h = rms_norm(x, post_norm, eps)
+    gate, up = linear(h, gate_up_w).chunk(2, dim=-1)
+    return x + linear(torch.nn.functional.silu(gate) * up, down_w)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The Llama / Qwen RMSNorm, op for op as transformers computes it (float32 inside)."""
+    hidden = x.to(torch.float32)
+    variance = hidden.pow(2).mean(-1, keepdim=True)
+    return weight * (hidden * torch.rsqrt(variance + eps)).to(x.dtype)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
