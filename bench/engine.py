@@ -15,7 +15,7 @@ Side by side in one run:
 5. the time of every non-generation stage as a share of a rollout step (the real CLI, hf engine).
 
 Usage: python bench/engine.py [--groups 4] [--n 4] [--tokens 32] [--skip-paths] [--cli-wall]
-       [--skip-ray] [--skip-cli]
+       [--compile] [--skip-ray] [--skip-cli]
 """
 
 from __future__ import annotations
@@ -249,6 +249,8 @@ def main() -> None:
     p.add_argument("--only-over-sampling", action="store_true")
     p.add_argument("--skip-paths", action="store_true")
     p.add_argument("--cli-wall", action="store_true")
+    # section 0 (and --cli-wall) also with engine.compile_decode=true
+    p.add_argument("--compile", action="store_true")
     a = p.parse_args()
     from bench import engine_paths
     from pipeline.engines.hf import HFEngine
@@ -260,7 +262,7 @@ def main() -> None:
     print(f"# Engine benchmark: batch {a.groups} groups x {a.n} samples, {a.tokens} new tokens, "
           f"{os.cpu_count()} CPUs\n")
     if not a.skip_paths:
-        engines = engine_paths.engines(model)
+        engines = engine_paths.engines(model, compiled=a.compile)
         try:
             prompts = [list(engine_paths.chat_prompt(next(iter(engines.values())).tokenizer, q))
                        for q in ("What is 17 + 25? Put the answer in \\boxed{}.", "What is 3 + 58?")]
@@ -269,7 +271,7 @@ def main() -> None:
             for e in engines.values():
                 e.close()
     if a.cli_wall:
-        for label, wall in engine_paths.bench_cli_wall().items():
+        for label, wall in engine_paths.bench_cli_wall(compiled=a.compile).items():
             print(f"`python run.py`, {label}: {wall:.1f} s (load {os.getloadavg()[0]:.1f})\n")
     with tempfile.TemporaryDirectory() as tmp:
         data = _prompts(Path(tmp) / "p.jsonl", 64)

@@ -42,8 +42,9 @@ def default_engine_kwargs() -> dict[str, Any]:
     return {k: conf[k] for k in ("dtype", "decode_impl", "max_batch_size")}
 
 
-def engines(model: str) -> dict[str, Any]:
-    """The engines compared: before (legacy float32), after (the default), static float32."""
+def engines(model: str, compiled: bool = False) -> dict[str, Any]:
+    """The engines compared: before (legacy float32), after (the default), static float32, and
+    with `compiled` the default with `compile_decode=True`."""
     from pipeline.engines.hf import HFEngine
 
     default = default_engine_kwargs()
@@ -53,6 +54,9 @@ def engines(model: str) -> dict[str, Any]:
             dict(decode_impl=default["decode_impl"], dtype=default["dtype"]),
         "static, float32": dict(decode_impl="static", dtype="float32"),
     }
+    if compiled:
+        specs[f"static, {default['dtype']}, compile_decode"] = dict(
+            decode_impl="static", dtype=default["dtype"], compile_decode=True)
     out = {}
     for label, kw in specs.items():
         engine = HFEngine(model, num_threads=2, max_batch_size=64, **kw)
@@ -70,12 +74,17 @@ async def _batch(engine: Any, prompts: list[list[int]], tokens: int) -> int:
 
 def bench_paths(engines_: dict[str, Any], prompts: list[list[int]], batch_sizes: list[int],
                 tokens: int, reps: int) -> list[dict[str, Any]]:
-    """Rows of (batch, engine, wall tokens/s, tokens/CPU-s, load) medians over `reps`."""
+    """Rows of (batch, engine, wall tokens/s, tokens/CPU-s, load, first-call seconds) medians
+    over `reps`; the first call at each batch size (a 4-token warm-up of the whole batch) pays
+    allocations and, with compile_decode, compilation."""
     rows = []
     for batch in batch_sizes:
         subset = (prompts * (batch // len(prompts) + 1))[:batch]
-        for engine in engines_.values():  # warm-up (allocations, first-call costs)
-            asyncio.run(_batch(engine, subset[:2], 2))
+        first: dict[str, float] = {}
+        for label, engine in engines_.items():
+            t0 = time.perf_counter()
+            asyncio.run(_batch(engine, subset, 4))
+            first[label] = time.perf_counter() - t0
         wall: dict[str, list[float]] = {k: [] for k in engines_}
         cpu: dict[str, list[float]] = {k: [] for k in engines_}
         loads = []
@@ -88,14 +97,16 @@ def bench_paths(engines_: dict[str, Any], prompts: list[list[int]], batch_sizes:
                 loads.append(os.getloadavg()[0])
         for label in engines_:
             rows.append({"batch": batch, "engine": label, "wall": statistics.median(wall[label]),
-                         "cpu": statistics.median(cpu[label]), "load": statistics.mean(loads)})
+                         "cpu": statistics.median(cpu[label]), "load": statistics.mean(loads),
+                         "first_s": first[label]})
     return rows
 
 
 def print_paths(rows: list[dict[str, Any]]) -> None:
     """The before/after table (ratios against the legacy float32 row of the same batch)."""
     print("| batch | engine | tokens/s (wall) | × before | tokens per CPU-second | × before | "
-          "share of CPU peak (wall; per CPU-second) | load avg |\n|---|---|---|---|---|---|---|---|")
+          "share of CPU peak (wall; per CPU-second) | first call (s) | load avg |\n"
+          "|---|---|---|---|---|---|---|---|---|")
     base = {r["batch"]: r for r in rows if r["engine"].startswith("before")}
     for r in rows:
         b = base[r["batch"]]
@@ -103,15 +114,17 @@ def print_paths(rows: list[dict[str, Any]]) -> None:
         peak = r["wall"] * GFLOP_PER_TOKEN / PEAK_GFLOPS[dtype]
         per_core = r["cpu"] * GFLOP_PER_TOKEN / (PEAK_GFLOPS[dtype] / 2)
         print(f"| {r['batch']} | {r['engine']} | {r['wall']:.1f} | {r['wall'] / b['wall']:.2f} | "
-              f"{r['cpu']:.1f} | {r['cpu'] / b['cpu']:.2f} | {100 * peak:.1f}%; {100 * per_core:.0f}% of {dtype} | {r['load']:.1f} |")
+              f"{r['cpu']:.1f} | {r['cpu'] / b['cpu']:.2f} | {100 * peak:.1f}%; {100 * per_core:.0f}% of {dtype} | {r['first_s']:.1f} | {r['load']:.1f} |")
     print()
 
 
-def bench_cli_wall(reps: int = 1) -> dict[str, float]:
+def bench_cli_wall(reps: int = 1, compiled: bool = False) -> dict[str, float]:
     """`python run.py` wall time, default engine vs `engine.decode_impl=legacy engine.dtype=float32`
-    (interleaved, min over `reps`)."""
+    (and with `compiled`, `engine.compile_decode=true`; interleaved, min over `reps`)."""
     variants = {"after (default)": [], "before (legacy, float32)": ["engine.decode_impl=legacy",
                                                                      "engine.dtype=float32"]}
+    if compiled:
+        variants["after + engine.compile_decode=true"] = ["engine.compile_decode=true"]
     best: dict[str, float] = {}
     for _ in range(reps):
         for label, extra in variants.items():
@@ -134,9 +147,10 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=32)
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--cli", action="store_true", help="also time `python run.py` before/after")
+    p.add_argument("--compile", action="store_true", help="also the default with compile_decode=True")
     a = p.parse_args()
     model = resolve_checkpoint("smollm2-135m-instruct", default_cache_dir())
-    engs = engines(model)
+    engs = engines(model, compiled=a.compile)
     try:
         tok = next(iter(engs.values())).tokenizer
         prompts = [chat_prompt(tok, f"What is {a_} + {b_}? Put the answer in \\boxed{{}}.")
@@ -146,7 +160,7 @@ def main() -> None:
         for e in engs.values():
             e.close()
     if a.cli:
-        for label, wall in bench_cli_wall().items():
+        for label, wall in bench_cli_wall(compiled=a.compile).items():
             print(f"| `python run.py`, {label} | {wall:.1f} s | load {os.getloadavg()[0]:.1f} |")
 
 

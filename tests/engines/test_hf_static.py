@@ -76,6 +76,31 @@ def test_batched_sampler_seeded_row_is_the_same_alone_and_in_a_batch() -> None:
     assert batch_lp[1] == pytest.approx(float(torch.log_softmax(logits[1], -1)[batch[1]]))
 
 
+@pytest.mark.parametrize("vocab", [49152, 1000, 513, 7])
+def test_two_level_inverse_cdf_matches_one_full_cumulative_sum(vocab: int) -> None:
+    """The block-then-entry search picks what one float64 cumulative sum over the whole row
+    picks, including rows with zeros (top-k / top-p cuts), vocabularies that are not a multiple
+    of the block, and draws at both ends of [0, 1); it never returns a zero-probability index."""
+    from pipeline.engines.hf_sampling import _inverse_cdf
+
+    gen = torch.Generator().manual_seed(vocab)
+    probs = torch.rand(300, vocab, generator=gen) ** 8
+    probs[probs < 0.3] = 0.0
+    probs[:, 0] += 1e-3
+    probs[:, -1] = 0.0  # the last entry has no mass: the end-of-range draw must not land on it
+    probs[5] = 0.0
+    probs[5, vocab // 2] = 1.0  # one token of all the mass
+    draws = torch.rand(300, generator=gen, dtype=torch.float64)
+    draws[0], draws[1] = 0.0, 1.0 - 2.0 ** -53
+    cdf = probs.double().cumsum(-1)
+    expected = torch.searchsorted(cdf, (draws * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1)
+    picked = _inverse_cdf(probs, draws)
+    assert (probs.gather(1, picked.unsqueeze(1)) > 0).all()
+    assert picked[5] == vocab // 2
+    # the full sum can only differ by float64 rounding at a boundary; none in 300 rows here
+    assert torch.equal(picked, expected)
+
+
 def test_unknown_decode_impl_or_dtype_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="engine.decode_impl must be one of"):
         HFEngine("smollm2-135m-instruct", decode_impl="fast")
@@ -188,3 +213,75 @@ def test_bfloat16_log_probs_and_sampling_stay_close_to_float32(hf_engine: HFEngi
     expected = torch.log_softmax(logits[start:start + len(res.output_ids)], -1)
     expected = expected.gather(1, torch.tensor(res.output_ids)[:, None]).squeeze(1)
     assert (torch.tensor(res.log_probs) - expected).abs().mean() <= 0.05
+
+
+def _step_inputs(decoder: object, rows: int, column: int) -> tuple:
+    """A deterministic synthetic decode-step input: a filled cache, tokens, positions, bias."""
+    gen = torch.Generator().manual_seed(rows)
+    cache = decoder.new_cache(rows, column + 8)
+    cache.copy_(torch.randn(cache.shape, generator=gen) * 0.5)
+    tokens = torch.randint(0, 40000, (rows,), generator=gen)
+    positions = torch.full((rows,), column)
+    bias = torch.zeros(rows, 1, 1, column + 1, dtype=decoder.dtype)
+    bias[0, ..., :3] = float("-inf")  # the first row starts later (left padding)
+    return tokens, positions, cache, column, 0, bias
+
+
+def _perturb_in_place(model: object) -> None:
+    """Change weights of every kind in place, as a trainer's weight sync does."""
+    layer = model.model.layers[3]
+    with torch.no_grad():
+        for w in (layer.self_attn.k_proj.weight, layer.mlp.up_proj.weight, layer.self_attn.o_proj.weight):
+            w.mul_(1.5)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_refresh_picks_up_in_place_weight_updates(model_path: str) -> None:
+    """Fused q/k/v and gate/up tensors are copies: refresh() updates them in place (same
+    tensors), after which the step equals a decoder built from the updated model."""
+    from transformers import AutoModelForCausalLM
+
+    from pipeline.engines.hf_lean import LeanDecoder
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    decoder = LeanDecoder(model)
+    fused = decoder.layers[3]["qkv"]
+    with torch.inference_mode():
+        before = decoder.step(*_step_inputs(decoder, 3, 12))
+        _perturb_in_place(model)
+        decoder.refresh()
+        after = decoder.step(*_step_inputs(decoder, 3, 12))
+        rebuilt = LeanDecoder(model).step(*_step_inputs(decoder, 3, 12))
+    assert decoder.layers[3]["qkv"] is fused
+    assert (after - before).abs().max() > 1e-2
+    assert torch.equal(after, rebuilt)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_compiled_decode_matches_eager_and_sees_in_place_weight_updates(model_path: str) -> None:
+    """engine.compile_decode: the compiled per-layer step gives the eager step's logits (float32,
+    reordered sums only), at several batch sizes and cache widths without a recompile per
+    shape, and reads the weights as inputs: an in-place update + refresh() changes its output
+    exactly as it changes the eager step's."""
+    from transformers import AutoModelForCausalLM
+
+    from pipeline.engines.hf_lean import LeanDecoder
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    eager, compiled = LeanDecoder(model), LeanDecoder(model, compile=True)
+    assert compiled.compiled and not eager.compiled
+    shapes = [(3, 12), (5, 30), (2, 17)]
+    with torch.inference_mode():
+        for rows, column in shapes:
+            a, b = eager.step(*_step_inputs(eager, rows, column)), compiled.step(*_step_inputs(eager, rows, column))
+            assert torch.allclose(a, b, atol=2e-3, rtol=0), (rows, column, (a - b).abs().max())
+            assert torch.equal(a.argmax(-1), b.argmax(-1))
+        before = compiled.step(*_step_inputs(eager, 3, 12))
+        _perturb_in_place(model)
+        eager.refresh()
+        compiled.refresh()
+        a, b = eager.step(*_step_inputs(eager, 3, 12)), compiled.step(*_step_inputs(eager, 3, 12))
+    assert (b - before).abs().max() > 1e-2  # the compiled step saw the new weights
+    assert torch.allclose(a, b, atol=2e-3, rtol=0)

@@ -45,6 +45,11 @@ STARTUP_TIMEOUT_S = 600.0
 # Tolerance between vLLM's and the hf engine's log-probs (both float32 on CPU, different kernels;
 # measured differences are ~1e-5).
 LOGPROB_ATOL = 1e-3
+# The throughput comparison: requests in flight at once (vLLM's --max-num-seqs too), new tokens
+# each, and the issue's target for the default hf engine over vLLM's CPU backend on the same cores.
+CONCURRENCY = 32
+THROUGHPUT_NEW_TOKENS = 32
+TARGET_SPEEDUP = 3.0
 
 
 def _selected(config: pytest.Config) -> bool:
@@ -90,7 +95,7 @@ def vllm_url(request: pytest.FixtureRequest, model_path: str,
            "VLLM_CPU_KVCACHE_SPACE": "1"}
     cmd = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", model_path,
            "--host", "127.0.0.1", "--port", str(port), "--enforce-eager", "--dtype", "float32",
-           "--max-model-len", "512", "--max-num-seqs", "4", "--seed", "0",
+           "--max-model-len", "512", "--max-num-seqs", str(CONCURRENCY), "--seed", "0",
            "--logprobs-mode", "processed_logprobs"]
     with log_path.open("w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -233,3 +238,42 @@ def test_abort_returns_partial_output(vllm_url: str, model_path: str, hf_engine:
         assert again.output_ids == part.output_ids
     finally:
         eng.close()
+
+
+def test_throughput_against_the_default_hf_engine(engine: OpenAIEngine, model_path: str) -> None:
+    """The default hf engine (static decode path, bfloat16) against vLLM's CPU backend: the
+    same CONCURRENCY seeded requests (temperature 1, THROUGHPUT_NEW_TOKENS new tokens) in flight
+    at once, runs interleaved, generated tokens per wall second (median of 3). vLLM serves in
+    float32, as this module's server runs for the log-prob tests; both share this machine's
+    cores, so each run gets them while the other waits."""
+    import statistics
+
+    from pipeline.engines.hf import HFEngine
+
+    hf = HFEngine(model_path, num_threads=2, max_batch_size=CONCURRENCY, dtype="bfloat16")
+    try:
+        hf.start()
+        tok = hf.tokenizer
+        topics = ["the sea", "a fox", "the moon", "a city", "a robot", "winter", "a garden", "trains"]
+        reqs = [request(tok, f"t{i}", f"Tell me a story about {topics[i % len(topics)]}.",
+                        temperature=1.0, max_new_tokens=THROUGHPUT_NEW_TOKENS, seed=i)
+                for i in range(CONCURRENCY)]
+
+        async def rate(eng: Any) -> float:
+            start = time.perf_counter()
+            res = await asyncio.gather(*(eng.generate(r) for r in reqs))
+            return sum(len(r.output_ids) for r in res) / (time.perf_counter() - start)
+
+        for eng in (engine, hf):  # warm-up
+            asyncio.run(rate(eng))
+        rates: dict[str, list[float]] = {"vllm": [], "hf": []}
+        for _ in range(3):
+            rates["vllm"].append(asyncio.run(rate(engine)))
+            rates["hf"].append(asyncio.run(rate(hf)))
+    finally:
+        hf.close()
+    ours, theirs = statistics.median(rates["hf"]), statistics.median(rates["vllm"])
+    logger.warning("throughput at %d concurrent requests x %d new tokens: hf %.1f, vLLM %.1f "
+                   "tokens/s (x%.2f; load average %.1f)", CONCURRENCY, THROUGHPUT_NEW_TOKENS,
+                   ours, theirs, ours / theirs, os.getloadavg()[0])
+    assert ours >= TARGET_SPEEDUP * theirs, (rates, os.getloadavg())
