@@ -284,6 +284,7 @@ def main() -> None:
         finally:
             engine.close()
         ray = None if a.skip_ray else bench_ray(model, data, a, a.reps)
+    print(f"(load average {os.getloadavg()[0]:.1f})\n")
     print("| measurement | tokens/s | ratio | target |\n|---|---|---|---|")
     print(f"| raw batched generation (hf, 2 threads), batch-invariant log-probs | {rr['raw']:.1f} | 1.00 | |")
     print(f"| rollout stage (EngineRollout + math reward, deterministic) | {rr['rollout']:.1f} | "
