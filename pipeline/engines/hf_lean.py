@@ -1,13 +1,14 @@
 """A lean one-token decode step for Llama-family transformers models over a static KV cache.
 
 `LeanDecoder` takes the weights of a loaded `transformers` model (no copies except the fused
-projections) and runs one decode step for a batch with plain torch ops: per layer one fused
-q/k/v matmul, RoPE from a precomputed table, the new key/value written into a pre-allocated
-cache, grouped-query attention as one SDPA call over the live cache columns (the query heads
-of a key/value head are its queries: no copies, no head repetition), one fused gate/up matmul. That is 4 matmuls and about 20 small ops per
-layer instead of the generic module stack with its per-step mask building and `DynamicCache`
-concatenation. The arithmetic is the same as the transformers implementation (RMSNorm in float32,
-the same RoPE values); only the rounding of reordered sums differs.
+projections) and runs one decode step for a batch with plain torch ops: per layer one fused q/k/v
+matmul, RoPE from a precomputed table, the new key/value written into a pre-allocated cache,
+grouped-query attention as one SDPA call over the live cache columns (the query heads of a
+key/value head are its queries: no copies, no head repetition), one fused gate/up matmul. That is
+4 matmuls and about 20 small ops per layer instead of the generic module stack with its per-step
+mask building and `DynamicCache` concatenation. The arithmetic is the same as the transformers
+implementation (RMSNorm in float32, the same RoPE values); only the rounding of reordered sums
+differs.
 
 The per-layer work is one module-level function (`decode_layer`) that takes the layer's
 weights as arguments, so `torch.compile` (`compile=True`) traces it once and reuses the compiled

@@ -1,14 +1,13 @@
 """Batched next-token sampling for the `hf` engine's static decode path.
 
 One call samples every row of a batch: one log-softmax over [B, V], one batched top-k / top-p cut
-(only over the rows that ask for one), one cumulative sum, and one `searchsorted` against a
-uniform draw per row. Each row's draw comes from its own seeded `torch.Generator` (one scalar per
-row per step), so a seeded request samples the same tokens alone or in any batch (up to float
-rounding of its logits). This is inverse-CDF sampling (searched in two levels, blocks then
-entries, see `_inverse_cdf`): the same distribution as
-`torch.multinomial`, with one random number per row instead of one per vocabulary entry (which
-is what `multinomial` draws on CPU, and what made a Python loop of them a fifth of a decode step
-at batch 32).
+(only over the rows that ask for one), and a cumulative-sum search against one uniform draw per
+row. Each row's draw comes from its own seeded `torch.Generator` (one scalar per row per step), so
+a seeded request samples the same tokens alone or in any batch (up to float rounding of its
+logits). This is inverse-CDF sampling (searched in two levels, blocks then entries, see
+`_inverse_cdf`): the same distribution as `torch.multinomial`, with one random number per row
+instead of one per vocabulary entry (which is what `multinomial` draws on CPU, and what made a
+Python loop of them a fifth of a decode step at batch 32).
 
 Log-probs follow `pipeline.engines.hf_decode`: `log_softmax(logits / temperature)[token]` before
 the top-k / top-p cut; greedy rows (temperature 0) take the argmax and report
