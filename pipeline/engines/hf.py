@@ -14,8 +14,8 @@ alone or in any batch (up to float rounding differences from padding); a `batch_
 request also gets log-probs that do not depend on its batch (`hf_decode.log_probs_alone`).
 Weight sync (`update_weights`, no reload from disk): the new tensors are copied into the loaded
 model in place between two decode steps (the decode thread holds a step lock while it steps), and
-the static path's fused copies are rebuilt, so every decode path serves them from the next step
-on. Requests in flight are not interrupted: their earlier keys/values stay as the old weights
+the static path's fused copies are refreshed in place (a compiled step sees them too), so every
+decode path serves them from the next step on. Requests in flight are not interrupted: their earlier keys/values stay as the old weights
 computed them, tokens sampled after the update are the new weights' and carry the new version
 (`GenerationResult.weight_versions`), so a request can span two versions.
 Supported models: those whose cache is a plain `DynamicCache` of full-attention layers (Llama,
