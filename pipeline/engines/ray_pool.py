@@ -31,7 +31,7 @@ import os
 import tempfile
 from typing import Any
 
-from pipeline.engines.assets import resolve_checkpoint
+from pipeline.engines.assets import load_tokenizer, resolve_checkpoint
 from pipeline.engines.base import GenerationRequest, GenerationResult, SamplingParams
 
 __all__ = ["RayEngine", "request_to_dict", "request_from_dict", "replica_env"]
@@ -171,8 +171,6 @@ class RayEngine:
     def tokenizer(self) -> Any:
         """The checkpoint's tokenizer in the driver (loaded on first use)."""
         if self._tokenizer is None:
-            from pipeline.engines.assets import load_tokenizer
-
             self._tokenizer = load_tokenizer(resolve_checkpoint(self.hf_checkpoint, self.cache_dir))
         return self._tokenizer
 
