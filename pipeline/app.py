@@ -19,13 +19,14 @@ from pipeline.logging_setup import RunProgress, configure_console, progress_logg
 from pipeline.parts import build_parts, build_slot, build_stages
 from pipeline.plugins import SLOTS_BY_NAME, ConfigError, allowed_targets
 from pipeline.run_record import check_resume_config, read_changes, read_record
-from pipeline.runner import Pipeline, Schedule
+from pipeline.runner import Pipeline
 from pipeline.session import discard_session_files, interrupt_hint, store_record
 from pipeline.sinks.jsonl import MetricsJsonl
 
 __all__ = ["build_parts", "run", "run_identity"]
 
 logger = logging.getLogger(__name__)
+
 
 def run_identity(plain: dict[str, Any]) -> tuple[str, str | None]:
     """(run name, wandb group): a single run is named after its run dir plus the command-line
