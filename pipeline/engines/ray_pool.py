@@ -33,6 +33,7 @@ from typing import Any
 
 from pipeline.engines.assets import load_tokenizer, resolve_checkpoint
 from pipeline.engines.base import GenerationRequest, GenerationResult, SamplingParams
+from pipeline.rollout.async_loop import run_sync
 
 __all__ = ["RayEngine", "request_to_dict", "request_from_dict", "replica_env"]
 
@@ -349,8 +350,6 @@ class RayEngine:
             raise ValueError(f"update_weights: version must be an int > the current version "
                              f"{self._weight_version}, got {version!r}")
         if not self._started:
-            from pipeline.rollout.async_loop import run_sync
-
             run_sync(self.start())
         ref = ray.put(dict(state))
         before = (self._weights_ref, self._weight_version)
