@@ -6,13 +6,18 @@ raises them all at once so a user fixes a config in one go.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import os
 import re
 from typing import Any
 
-__all__ = ["check_call_signature", "collect_problems", "collect_warnings"]
+from pipeline.engines.preflight import trainer_engine_problems
+from pipeline.plugins import SLOTS, SLOTS_BY_NAME, ConfigError, Needs, check_allowed, load_object, provided, required
+from pipeline.plugins import target_of as _target
+from pipeline.rewards.preflight import reward_problems
+from pipeline.session import resume_target_problem
+
+__all__ = ["collect_problems", "collect_warnings"]
 
 logger = logging.getLogger(__name__)
 
@@ -22,12 +27,12 @@ _POSITIVE_INTS = ("num_rollout", "rollout_batch_size", "n_samples_per_prompt", "
 _BOOLS = ("partial_rollout", "mask_offpolicy_in_partial_rollout", "eval_before_train")
 # data_source.<key>: the top-level key it interpolates (its one home)
 _FROM_TOP_LEVEL = {"n_samples_per_prompt": "n_samples_per_prompt", "max_prompt_len": "rollout_max_prompt_len"}
-_HOOK_KEYS = ("custom_reward_post_process_path", "custom_convert_samples_to_train_data_path",
-              "rollout_sample_filter_path", "custom_rollout_log_function_path",
-              "rollout_all_samples_process_path", "custom_eval_rollout_log_function_path",
-              "rollout_data_postprocess_path", "data_source_path")
-# a list of dotted paths (slime: the flag may repeat)
-_HOOK_LIST_KEY = "rollout_sample_hook_path"
+# top-level keys naming one plugin by dotted path (or null), and lists of them (slime: the flag may repeat)
+_PATH_KEYS = tuple(slot.key for slot in SLOTS if slot.kind in ("hook", "class"))
+_PATH_LIST_KEYS = tuple(slot.key for slot in SLOTS if slot.kind == "hooks")
+# flags that need a capability of a plugin when true: (needs, why)
+_FLAG_NEEDS = {"partial_rollout": (Needs("data_source", "buffer", "data_source=buffered"),
+                                   "unfinished groups go back to the buffer")}
 
 
 def _is_int(v: Any) -> bool:
@@ -36,12 +41,6 @@ def _is_int(v: Any) -> bool:
 
 def _is_num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _target(node: Any) -> str | None:
-    if not isinstance(node, dict):
-        return None
-    return node["_target_"] if "_target_" in node else node.get("path")
 
 
 def _missing(node: Any, prefix: str, out: list[str]) -> None:
@@ -65,13 +64,74 @@ def collect_problems(cfg: dict[str, Any]) -> list[str]:
     _advantage(cfg, out)
     _plugins(cfg, out)
     _allowlist(cfg, out)
-    if not out:  # imports the rollout / eval targets and reads the prompt files: only when sound
-        from pipeline.engines.preflight import trainer_engine_problems
-        from pipeline.rewards.preflight import reward_problems
-
+    if not out:  # imports the plugins and reads the prompt files: only when sound
+        _requirements(cfg, out)
+    if not out:
         out += reward_problems(cfg)
         out += trainer_engine_problems(cfg)  # an engine that cannot follow the trainer
     return out
+
+
+def _plugin(cfg: dict[str, Any], slot_name: str) -> tuple[str, Any] | None:
+    """(config key, loaded object) of the plugin in slot `slot_name` (the slot replacing it when
+    set); None when it names none or does not import (building it reports that)."""
+    slot = SLOTS_BY_NAME[slot_name]
+    for other in SLOTS:
+        if other.replaces == slot_name and other.value(cfg):
+            slot = other
+    value = slot.value(cfg)
+    path = value if isinstance(value, str) else _target(value)
+    if not isinstance(path, str):
+        return None
+    try:
+        return slot.key, load_object(path, _allowed(cfg), slot.where)
+    except Exception:  # noqa: BLE001 - building it reports the real problem
+        return None
+
+
+def _provides(cfg: dict[str, Any], slot_name: str, capability: str) -> bool | None:
+    """Whether the plugin in slot `slot_name` provides `capability` (None: it declares nothing)."""
+    found = _plugin(cfg, slot_name)
+    capabilities = provided(found[1]) if found is not None else None
+    return None if capabilities is None else capability in capabilities
+
+
+def _lacks(cfg: dict[str, Any], needs: Needs) -> str | None:
+    """The plugin path that declares it does not provide `needs.capability` (None: it does,
+    or it declares nothing)."""
+    found = _plugin(cfg, needs.slot)
+    if found is None:
+        return None
+    capabilities = provided(found[1])
+    if capabilities is None or needs.capability in capabilities:
+        return None
+    value = SLOTS_BY_NAME[needs.slot].value(cfg)
+    return f"{getattr(found[1], '__module__', '?')}.{getattr(found[1], '__qualname__', '?')}" if value is None else (
+        value if isinstance(value, str) else str(_target(value)))
+
+
+def _requirements(cfg: dict[str, Any], out: list[str]) -> None:
+    """What plugins declare they need (`plugin_requires`), and what flags set to true need, is
+    provided by the plugins chosen (`plugin_provides`)."""
+    for slot in SLOTS:
+        found = _plugin(cfg, slot.name) if slot.kind in ("object", "function", "class") else None
+        for needs in required(found[1]) if found else ():
+            lacking = _lacks(cfg, needs)
+            if lacking is not None:
+                path = _target(slot.value(cfg)) or slot.value(cfg)
+                out.append(f"{found[0]}: {path!r} needs a {needs.capability}, but the {needs.slot} {lacking!r} "
+                           f"has none; use {needs.hint}")
+    for flag, (needs, why) in _FLAG_NEEDS.items():
+        lacking = _lacks(cfg, needs) if cfg.get(flag) is True else None
+        if lacking is not None:
+            out.append(f"{flag}: true needs {needs.hint} ({why}); the {needs.slot} {lacking!r} has no "
+                       f"{needs.capability}")
+
+
+def _allowed(cfg: dict[str, Any]) -> list[str]:
+    """The allowlist as far as it is well-formed (its own rule reports the rest)."""
+    return [x for key in ("allowed_targets", "allowed_targets_extra")
+            for x in (cfg.get(key) if isinstance(cfg.get(key), list) else [])]
 
 
 def collect_warnings(cfg: dict[str, Any]) -> list[str]:
@@ -83,7 +143,7 @@ def collect_warnings(cfg: dict[str, Any]) -> list[str]:
 
 def _buffer_never_filled(cfg: dict[str, Any], out: list[str]) -> None:
     """A buffered source under the engine rollout that nothing can ever put a group into."""
-    if not str(_target(cfg.get("data_source")) or "").endswith("BufferedDataSource"):
+    if _provides(cfg, "data_source", "buffer") is not True:
         return
     rollout = cfg.get("rollout")
     if not str(_target(rollout) or "").endswith("EngineRollout") or cfg.get("partial_rollout") is True:
@@ -165,14 +225,6 @@ def _sizes(cfg: dict[str, Any], out: list[str]) -> None:
 
 def _cross_group(cfg: dict[str, Any], out: list[str]) -> None:
     ds = cfg.get("data_source") or {}
-    plain = str(_target(ds) or "").endswith("PlainDataSource")
-    filt = str(_target(cfg.get("filter")) or "")
-    if plain and filt and not filt.endswith("pop_first"):
-        out.append(f"filter: {filt!r} needs a buffer, but data_source=plain has none; "
-                   f"use data_source=buffered (or filter=pop_first)")
-    if plain and cfg.get("partial_rollout") is True:
-        out.append("partial_rollout: true needs data_source=buffered (unfinished groups go back to "
-                   "the buffer); the plain source has no buffer")
     if cfg.get("mask_offpolicy_in_partial_rollout") is True and cfg.get("partial_rollout") is False:
         out.append("mask_offpolicy_in_partial_rollout: true has no effect without partial_rollout: true")
     # data-source keys whose one home is a top-level key (the node interpolates it; slime plugins read it)
@@ -187,8 +239,6 @@ def _cross_group(cfg: dict[str, Any], out: list[str]) -> None:
     if cfg.get("eval_before_train") is True and not has_eval:
         out.append("eval_before_train: true but eval=none; choose an eval option (eval=engine)")
     if cfg.get("resume") is not None:
-        from pipeline.session import resume_target_problem
-
         problem = resume_target_problem(str(cfg["resume"]))
         out.extend([problem] if problem else [])
 
@@ -200,9 +250,9 @@ def _buffer_only(cfg: dict[str, Any], ds: dict[str, Any], out: list[str]) -> boo
     if "path" in ds:
         if ds["path"] is not None:
             return False
-    elif not target.endswith("BufferedDataSource") or cfg.get("prompt_data") is not None:
+    elif _provides(cfg, "data_source", "buffer") is not True or cfg.get("prompt_data") is not None:
         return False  # built from args (data_source=slime) with +prompt_data, or another class
-    if target.endswith("PlainDataSource"):
+    if _provides(cfg, "data_source", "buffer") is False:
         out.append("data_source.path: null, but the plain source needs a prompt file; for a buffer-only "
                    "source (slime's --disable-rollout-global-dataset) use data_source=buffered")
         return True
@@ -244,14 +294,14 @@ def _plugins(cfg: dict[str, Any], out: list[str]) -> None:
         v = cfg.get(key)
         if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
             out.append(f"{key}: expected a list of module prefixes like [mypkg.], got {v!r}")
-    for key in _HOOK_KEYS:
+    for key in _PATH_KEYS:
         v = cfg.get(key)
         if v is not None and (not isinstance(v, str) or "." not in v):
             out.append(f"{key}: expected a dotted path 'pkg.mod.fn' or null, got {v!r}")
-    hooks = cfg.get(_HOOK_LIST_KEY)
-    if not isinstance(hooks, list) or not all(isinstance(x, str) and "." in x for x in hooks):
-        out.append(f"{_HOOK_LIST_KEY}: expected a list of dotted paths like [pkg.mod.fn] ([] for none), "
-                   f"got {hooks!r}")
+    for key in _PATH_LIST_KEYS + ("extra_slots",):
+        hooks = cfg.get(key)
+        if not isinstance(hooks, list) or not all(isinstance(x, str) and "." in x for x in hooks):
+            out.append(f"{key}: expected a list of dotted paths like [pkg.mod.fn] ([] for none), got {hooks!r}")
     extra = cfg.get("slime_args")
     if not isinstance(extra, dict):
         out.append(f"slime_args: expected a mapping of slime arg names to values ({{}} for none), got {extra!r}")
@@ -284,13 +334,18 @@ def _targets_to_check(cfg: dict[str, Any]) -> list[tuple[str, str]]:
     for group, node in cfg.items():  # top-level groups named by `path` (functions)
         if isinstance(node, dict) and "_target_" not in node and isinstance(node.get("path"), str):
             found.append((f"{group}.path", node["path"]))
-    for key in _HOOK_KEYS:
+    for key in _PATH_KEYS:
         if isinstance(cfg.get(key), str):
             found.append((key, cfg[key]))
-    hooks = cfg.get(_HOOK_LIST_KEY)
-    for i, path in enumerate(hooks if isinstance(hooks, list) else []):
-        if isinstance(path, str):
-            found.append((f"{_HOOK_LIST_KEY}[{i}]", path))
+    for key in _PATH_LIST_KEYS + ("extra_slots",):
+        paths = cfg.get(key)
+        for i, path in enumerate(paths if isinstance(paths, list) else []):
+            if isinstance(path, str):
+                found.append((f"{key}[{i}]", path))
+    stages = cfg.get("extra_stages")
+    for i, node in enumerate(stages if isinstance(stages, list) else []):
+        if isinstance(node, dict) and isinstance(node.get("path"), str):
+            found.append((f"extra_stages[{i}].path", node["path"]))
     for group in ("rollout", "eval"):  # custom generate functions, imported during generation
         node = cfg.get(group)
         if isinstance(node, dict) and isinstance(node.get("custom_generate_path"), str):
@@ -303,59 +358,9 @@ def _targets_to_check(cfg: dict[str, Any]) -> list[tuple[str, str]]:
 
 def _allowlist(cfg: dict[str, Any], out: list[str]) -> None:
     """Every named plugin is inside the `_target_` allowlist (checked before anything is imported)."""
-    from pipeline.config import ConfigError, check_allowed
-
-    allowed = [x for key in ("allowed_targets", "allowed_targets_extra")
-               for x in (cfg.get(key) if isinstance(cfg.get(key), list) else [])]
+    allowed = _allowed(cfg)
     for key, target in _targets_to_check(cfg):
         try:
             check_allowed(target, allowed, key)
         except ConfigError as exc:
             out.append(str(exc))
-
-
-# ------------------------------------------------------------------ plugin call signatures
-# config key -> (how the pipeline calls the plugin, positional args (or the accepted counts), keyword args)
-_SIGNATURES: dict[str, tuple[str, int | tuple[int, ...], tuple[str, ...]]] = {
-    "filter": ("fn(args, rollout_id, buffer, num_samples) -> list[list[Sample]]", 4, ()),
-    "dynamic_filter": ("fn(args, samples) -> DynamicFilterOutput | bool", 2, ()),
-    "rollout": ("fn(args, rollout_id, data_source, evaluation=False) -> RolloutFnTrainOutput", 3, ("evaluation",)),
-    "eval": ("fn(args, rollout_id, data_source, evaluation=True) -> RolloutFnEvalOutput", 3, ("evaluation",)),
-    "custom_reward_post_process_path": ("fn(args, samples) -> (raw_rewards, rewards)", 2, ()),
-    "custom_convert_samples_to_train_data_path": ("fn(args, samples) -> dict", 2, ()),
-    "rollout_sample_filter_path": ("fn(args, groups) -> None", 2, ()),
-    "custom_rollout_log_function_path": (
-        "fn(rollout_id, args, samples, extra_metrics, rollout_time) -> bool", 5, ()),
-    "reward function (custom_rm_path)": ("fn(args, sample) -> reward (or fn(args, samples) with group_rm)", 2, ()),
-    "rollout_sample_hook_path": ("fn(args, sample, *, rollout_id=None, evaluation=False) -> Sample | None", 2, ()),
-    "rollout_all_samples_process_path": ("fn(args, all_samples, data_source) -> None", 3, ()),
-    "custom_eval_rollout_log_function_path": ("fn(rollout_id, args, data, extra_metrics) -> bool", 4, ()),
-    "rollout_data_postprocess_path": ("fn(args, rollout_id, rollout_data) -> None, or fn(args)", (3, 1), ()),
-    "data_source_path": ("cls(args) -> a data source (get_samples, add_samples, save, load)", 1, ()),
-}
-
-
-def check_call_signature(fn: Any, target: str, where: str) -> None:
-    """Raise ConfigError when plugin `fn` (built for config key `where`) cannot be called the way
-    the pipeline calls it; unknown keys and objects without a signature pass."""
-    from pipeline.config import ConfigError
-
-    if where not in _SIGNATURES or fn is None:
-        return
-    expected, n_pos, kwargs = _SIGNATURES[where]
-    if not callable(fn):
-        raise ConfigError(f"{where}: {target!r} built a {type(fn).__name__}, which is not callable; "
-                          f"expected {expected}")
-    try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return
-    problem: TypeError | None = None
-    for n in (n_pos if isinstance(n_pos, tuple) else (n_pos,)):  # any of the accepted call forms
-        try:
-            sig.bind(*([None] * n), **{k: False for k in kwargs})
-            return
-        except TypeError as exc:
-            problem = problem or exc
-    raise ConfigError(f"{where}: {target!r} has the signature {sig}, but the pipeline calls it as "
-                      f"{expected} ({problem})") from None

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.atomic import atomic_write_text
-from pipeline.config import ConfigError
+from pipeline.plugins import ConfigError
 from pipeline.sinks.redact import REDACTED, redact, redact_text
 
 __all__ = ["CHANGES_FILE", "OPT_IN", "RECORD_FILE", "check_resume_config", "config_changes", "merge_overrides",

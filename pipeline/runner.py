@@ -16,7 +16,7 @@ from pipeline.sinks.files import write_samples
 from pipeline.sinks.jsonl import MetricsJsonl
 from pipeline.stages import STAGES, RolloutContext, StageParts
 from pipeline.stages.log import eval_metrics
-from pipeline.stages.persist import samples_path, train_data_path
+from pipeline.stages.persist import samples_path, write_failed
 
 __all__ = ["Pipeline", "Schedule", "ROLLOUT_STATE_KEY"]
 
@@ -65,7 +65,9 @@ class Schedule:
 
 @dataclass
 class Pipeline:
-    """Runs rollouts `schedule.start_rollout_id .. num_rollout - 1` through `STAGES`."""
+    """Runs rollouts `schedule.start_rollout_id .. num_rollout - 1` through `stages`, a list of
+    (name, fn(ctx, parts)) run in order (`pipeline.stages.STAGES` plus the config's
+    `extra_stages`: `pipeline.parts.build_stages`)."""
 
     parts: StageParts
     schedule: Schedule
@@ -102,8 +104,8 @@ class Pipeline:
             try:
                 self.parts.data_source.save(rollout_id)
             except OSError as exc:
-                raise self.save_error(exc, f"the data-source checkpoint {self.checkpoint_file(rollout_id)}",
-                                      rollout_id) from exc
+                raise write_failed(exc, f"the data-source checkpoint {self.checkpoint_file(rollout_id)}",
+                                   rollout_id) from exc
             metrics["perf/stage/checkpoint_time"] = time.perf_counter() - start
         self.emit(rollout_id, metrics)
 
@@ -111,15 +113,6 @@ class Pipeline:
         """The checkpoint path `data_source.save(rollout_id)` writes (its folder when unknown)."""
         save_dir = getattr(self.parts.data_source, "save_dir", None)
         return f"{save_dir}/rollout_{rollout_id}.json" if save_dir is not None else "(no save_dir)"
-
-    def save_error(self, exc: OSError, what: str, rollout_id: int) -> OSError:
-        """A clear error for a failed write (disk full, read-only, permissions), logged."""
-        target = f" ({exc.filename})" if exc.filename else ""
-        msg = (f"writing {what}{target} failed: {exc.strerror or exc}. Nothing of rollout {rollout_id} "
-               f"was checkpointed; the previous checkpoint is intact. Free disk space or fix the "
-               f"folder's permissions, then resume=<run dir>")
-        logger.error(msg)
-        return OSError(exc.errno, msg)
 
     def stash_rollout_state(self) -> None:
         """Put the rollout function's state (e.g. the adaptive pass-rate estimate) into the data
@@ -148,14 +141,6 @@ class Pipeline:
             start = time.perf_counter()
             try:
                 stage(ctx, self.parts)
-            except OSError as exc:
-                if name != "persist":
-                    exc.add_note(f"in stage {name!r} of rollout {rollout_id}")
-                    raise
-                run_dir = str(self.parts.run_dir)
-                what = (f"the train data {train_data_path(run_dir, rollout_id)}.safetensors/.json or the "
-                        f"sample dump {samples_path(run_dir, rollout_id)}")
-                raise self.save_error(exc, what, rollout_id) from exc
             except Exception as exc:
                 exc.add_note(f"in stage {name!r} of rollout {rollout_id}")
                 raise
@@ -176,7 +161,7 @@ class Pipeline:
         extra = dict(out.metrics or {})
         # slime's custom eval log hook: True skips the default metrics; the eval function's own
         # (extra_metrics, which the hook may edit) are logged either way
-        hook = self.parts.eval_rollout_log
+        hook = self.parts.plugin("eval_rollout_log")
         skip = hook is not None and bool(hook(rollout_id, self.parts.args, out.data, extra))
         metrics = {} if skip else eval_metrics(self.parts.args, out.data)
         metrics.update({k if "/" in k else f"eval/{k}": v for k, v in extra.items()})

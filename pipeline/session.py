@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import ConfigError
+from pipeline.plugins import ConfigError
 from pipeline.run_lock import LOCK_FILE, acquire
 from pipeline.run_record import (OPT_IN, RECORD_FILE, merge_overrides, override_key, read_record, record_changes,
                                  upgrade_overrides, write_record)

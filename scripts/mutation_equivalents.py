@@ -69,9 +69,9 @@ EQUIVALENT: dict[str, str] = {
     **{f"pipeline.stages.rewards.x_post_process_rewards__mutmut_{i}": "torch.tensor of Python ints is int64 "
        "(torch.long) by default" for i in (72, 74)},
     # pipeline/stages/train_data.py
-    **{f"pipeline.stages.train_data.x__pad__mutmut_{i}": "torch.tensor/torch.full infer the dtype the code names "
+    **{f"pipeline.sinks.files.x__pad__mutmut_{i}": "torch.tensor/torch.full infer the dtype the code names "
        "from the values (ints: int64, floats: float32) whenever the values match it" for i in (10, 13, 17, 19)},
-    **{f"pipeline.stages.train_data.x_to_tensors__mutmut_{i}": "the padded values are ints, so the inferred dtype "
+    **{f"pipeline.sinks.files.x_to_tensors__mutmut_{i}": "the padded values are ints, so the inferred dtype "
        "is torch.long anyway" for i in (17, 30)},
     # pipeline/rollout/sample_generate.py
     "pipeline.rollout.sample_generate.x_continuation_seed__mutmut_13": (
@@ -90,16 +90,16 @@ EQUIVALENT: dict[str, str] = {
         "a Sample always has train_metadata (a dataclass field), so getattr needs no default"),
     "pipeline.stages.train_data.x_convert_to_train_data__mutmut_87": (
         "a Sample always has train_metadata (a dataclass field), so getattr needs no default"),
-    "pipeline.stages.train_data.x_to_tensors__mutmut_52": (
+    "pipeline.sinks.files.x_to_tensors__mutmut_52": (
         "torch infers the dtype the code names from the values (ints: int64, floats: float32)"),
-    "pipeline.stages.train_data.x_to_tensors__mutmut_54": (
+    "pipeline.sinks.files.x_to_tensors__mutmut_54": (
         "torch infers the dtype the code names from the values (ints: int64, floats: float32)"),
-    "pipeline.stages.train_data.x_to_tensors__mutmut_67": (
+    "pipeline.sinks.files.x_to_tensors__mutmut_67": (
         "torch infers the dtype the code names from the values (ints: int64, floats: float32)"),
-    "pipeline.stages.train_data.x_to_tensors__mutmut_69": (
+    "pipeline.sinks.files.x_to_tensors__mutmut_69": (
         "torch infers the dtype the code names from the values (ints: int64, floats: float32)"),
-    "pipeline.stages.train_data.x_to_tensors__mutmut_7": (
+    "pipeline.sinks.files.x_to_tensors__mutmut_7": (
         "torch infers the dtype the code names from the values (ints: int64, floats: float32)"),
-    "pipeline.stages.train_data.x_to_tensors__mutmut_80": (
+    "pipeline.sinks.files.x_to_tensors__mutmut_80": (
         "torch infers the dtype the code names from the values (ints: int64, floats: float32)"),
 }

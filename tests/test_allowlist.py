@@ -1,4 +1,4 @@
-"""The plugin allowlist (pipeline/config.py), called directly: what is refused, where it says so,
+"""The plugin allowlist (pipeline/plugins.py), called directly: what is refused, where it says so,
 and the advice it gives. tests/test_security.py covers the same through configs and the CLI."""
 
 from __future__ import annotations
@@ -7,16 +7,15 @@ import os.path
 
 import pytest
 
-from pipeline.config import (
-    ConfigError, PluginImportError, TargetNotAllowedError, _check_tree, allowed_targets, check_allowed, load_object,
-)
+from pipeline.config import ConfigError
+from pipeline.plugins import PluginImportError, TargetNotAllowedError, _check_tree, allowed_targets, check_allowed, load_object
 
 pytestmark = pytest.mark.timeout(30)
 
 ALLOWED = ("pipeline.", "builtins.dict")
 
 
-@pytest.mark.parametrize("target", ["pipeline.config.load_object", "builtins.dict",
+@pytest.mark.parametrize("target", ["pipeline.plugins.load_object", "builtins.dict",
                                     "builtins.dict.fromkeys"])
 def test_allowed_targets_pass(target):
     check_allowed(target, ALLOWED)
@@ -47,7 +46,7 @@ def test_a_path_that_resolves_outside_the_allowlist_is_refused():
     with pytest.raises(TargetNotAllowedError, match=rf"^plugin \('pipeline.atomic.os.path.join' resolves to "
                                                      rf"'{os.path.join.__module__}.join'\)"):
         load_object("pipeline.atomic.os.path.join", ALLOWED)
-    assert load_object("pipeline.config.load_object", ALLOWED) is load_object
+    assert load_object("pipeline.plugins.load_object", ALLOWED) is load_object
 
 
 def test_load_object_errors_name_the_place():
@@ -56,8 +55,8 @@ def test_load_object_errors_name_the_place():
             load_object(bad, ALLOWED, "eval")
     with pytest.raises(PluginImportError, match=r"^plugin: cannot import 'pipeline.nope.fn': ModuleNotFoundError"):
         load_object("pipeline.nope.fn", ALLOWED)
-    with pytest.raises(PluginImportError, match=r"module 'pipeline.config' has no attribute 'nope'"):
-        load_object("pipeline.config.nope", ALLOWED)
+    with pytest.raises(PluginImportError, match=r"module 'pipeline.plugins' has no attribute 'nope'"):
+        load_object("pipeline.plugins.nope", ALLOWED)
 
 
 def test_check_tree_finds_targets_at_any_depth_and_names_them():
@@ -66,7 +65,7 @@ def test_check_tree_finds_targets_at_any_depth_and_names_them():
         _check_tree(tree, ALLOWED, "")
     with pytest.raises(TargetNotAllowedError, match=r"^root.a \('pipeline.atomic.os' resolves to 'os'\)"):
         _check_tree({"a": {"_target_": "pipeline.atomic.os"}}, ALLOWED, "root")
-    _check_tree({"a": {"_target_": "pipeline.config.load_object", "b": [1, {"c": 2}]}}, ALLOWED, "")
+    _check_tree({"a": {"_target_": "pipeline.plugins.load_object", "b": [1, {"c": 2}]}}, ALLOWED, "")
 
 
 def test_allowed_targets_adds_the_extra_prefixes():

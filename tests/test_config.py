@@ -8,15 +8,8 @@ from types import SimpleNamespace
 import pytest
 from omegaconf import OmegaConf
 
-from pipeline.config import (
-    ConfigError,
-    PluginImportError,
-    SlimeArgs,
-    TargetNotAllowedError,
-    build,
-    load_object,
-    to_plain,
-)
+from pipeline.config import ConfigError, SlimeArgs, to_plain
+from pipeline.plugins import PluginImportError, TargetNotAllowedError, build, load_object
 
 ALLOWED = ("pipeline.", "builtins.dict", "tests.", "functools.partial", __name__ + ".")
 

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from pipeline.app import _build
+from pipeline.app import build_parts
 from pipeline.engines.scripted import ByteTokenizer
-from pipeline.config import ConfigError, SlimeArgs, TargetNotAllowedError, allowed_targets, build, to_plain, validate
+from pipeline.config import ConfigError, SlimeArgs, to_plain, validate
+from pipeline.plugins import TargetNotAllowedError, allowed_targets, build
 from pipeline.sample import Sample
 from pipeline.sinks.files import write_samples
 
@@ -91,14 +92,14 @@ def test_every_option_composes_resolves_and_builds(group, option, workdir):
     plain = to_plain(cfg)  # resolves every interpolation; raises on ??? (missing) values
     validate(cfg)
     allowed = allowed_targets(plain)
-    # parts the app builds outside _build (logger) or only when a consumer needs them
+    # parts the app builds outside build_parts (logger) or only when a consumer needs them
     for extra in ("logger", "reward", "engine"):
         built = build(plain[extra], allowed=allowed, where=extra)
         assert built is not None, f"{extra} built nothing with {group}={option}"
         getattr(built, "close", lambda: None)()
     closers: list = []
     try:
-        parts, eval_fn, schedule = _build(plain, SlimeArgs.from_config(plain), allowed, str(workdir / "out"), closers)
+        parts, eval_fn, schedule = build_parts(plain, SlimeArgs.from_config(plain), allowed, str(workdir / "out"), closers)
     finally:
         for c in closers:
             getattr(c, "close", lambda: None)()

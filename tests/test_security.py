@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 from hydra import compose, initialize_config_dir
 
-from pipeline.config import ConfigError, TargetNotAllowedError, build, load_object, validate
+from pipeline.config import ConfigError, validate
+from pipeline.plugins import TargetNotAllowedError, build, load_object
 from pipeline.sample import Sample
 from pipeline.sinks.redact import REDACTED, is_secret_key, redact, redact_hydra_dir, redact_text
 
@@ -160,7 +161,7 @@ def test_pickle_payloads_are_refused_on_every_load_path(tmp_path):
     {"_target_": "builtins.__import__", "_args_": ["os"]},
     # an allowed-looking path through a module attribute: pipeline.app imports os
     {"_target_": "pipeline.app.os.system", "_args_": ["touch {s}"]},
-    {"_target_": "pipeline.config.importlib.import_module", "_args_": ["os"]},
+    {"_target_": "pipeline.plugins.importlib.import_module", "_args_": ["os"]},
     # nested, in a keyword and in _args_
     {"_target_": "builtins.dict", "x": {"_target_": "os.system", "_args_": ["touch {s}"]}},
     {"_target_": "builtins.list", "_args_": [[{"_target_": "posix.system", "_args_": ["touch {s}"]}]]},

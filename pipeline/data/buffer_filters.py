@@ -10,9 +10,14 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from pipeline.plugins import Needs
 from pipeline.sample_versions import group_staleness, serving_version
 
-__all__ = ["pop_first", "reward_topk", "OldestFirst", "oldest_first", "group_mean_reward"]
+__all__ = ["pop_first", "reward_topk", "OldestFirst", "oldest_first", "group_mean_reward", "NEEDS_BUFFER"]
+
+# what a filter that ranks or drops buffered groups declares (`plugin_requires`): pop_first
+# declares nothing, it works on any source
+NEEDS_BUFFER = (Needs("data_source", "buffer", "data_source=buffered (or filter=pop_first)"),)
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +70,8 @@ class OldestFirst:
     (no start_rollout_id) rank after started ones, in buffer order.
     """
 
+    plugin_requires = NEEDS_BUFFER
+
     def __init__(self, max_staleness: int | None = None) -> None:
         if max_staleness is not None and (not isinstance(max_staleness, int) or max_staleness < 0):
             raise ValueError(f"oldest_first: max_staleness must be a non-negative int or None, got {max_staleness!r}")
@@ -104,4 +111,5 @@ class OldestFirst:
 
 
 # YAML: `_target_: pipeline.data.buffer_filters.oldest_first` with `max_staleness: N`
+reward_topk.plugin_requires = NEEDS_BUFFER  # type: ignore[attr-defined]
 oldest_first = OldestFirst

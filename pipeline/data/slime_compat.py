@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 from pathlib import Path
 from typing import Any
 
 from pipeline.data.errors import DataError
+from pipeline.engines.assets import resolve_checkpoint
+from pipeline.plugins import ConfigError, PluginImportError, allowed_targets, load_object
 
 __all__ = ["kwargs_from_args", "tokenizer_from_args", "import_path"]
 
@@ -18,21 +19,17 @@ def tokenizer_from_args(args: Any) -> str | None:
     name = getattr(args, "hf_checkpoint", None)
     if name is None or Path(str(name)).is_dir():
         return name
-    try:
-        from pipeline.engines.assets import resolve_checkpoint
-    except ImportError as exc:
-        raise DataError(f"hf_checkpoint {name!r} is not a folder and cannot be resolved: {exc}") from exc
     paths = getattr(args, "paths", None)
     return resolve_checkpoint(name, getattr(paths, "cache_dir", None) if paths is not None else None)
 
 
-def import_path(dotted: str) -> Any:
-    """Import `pkg.mod.name`; a failure names the path and the underlying error."""
-    module, _, name = dotted.rpartition(".")
+def import_path(dotted: str, args: Any = None) -> Any:
+    """Import the plugin `pkg.mod.name` (a buffer filter named by slime's `buffer_filter_path`),
+    inside the allowlist of `args` when it carries one; a failure names the path and the cause."""
     try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise DataError(f"cannot import {dotted!r}: {type(exc).__name__}: {exc}") from exc
+        return load_object(dotted, allowed_targets(args), "buffer_filter_path")
+    except (PluginImportError, ConfigError) as exc:
+        raise DataError(str(exc)) from exc
 
 
 def kwargs_from_args(args: Any) -> dict[str, Any]:

@@ -33,7 +33,7 @@ from pipeline.data.slime_compat import import_path, kwargs_from_args, tokenizer_
 from pipeline.rollout.contracts import is_sample_like
 from pipeline.sample import Sample
 
-__all__ = ["PlainDataSource", "BufferedDataSource"]
+__all__ = ["PlainDataSource", "BufferedDataSource", "prompt_groups"]
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +73,40 @@ def _copies(obj: Any, n: int) -> list[Any]:
         return [obj] + [copy.deepcopy(obj) for _ in range(n - 1)]
 
 
+def prompt_groups(dataset: PromptDataset, ks: np.ndarray, n: int, first_group: int = 0,
+                  first_index: int = 0) -> list[list[Sample]]:
+    """Groups of `n` fresh samples for the prompts at positions `ks` of `dataset`, numbered from
+    `first_group` (group_index) and `first_index` (index).
+
+    Samples are built from a template of the immutable defaults (`object.__new__` plus a
+    fresh `__dict__`, as `Sample(...)` would set it), each with its own default containers
+    and its own prompt/label/metadata copy.
+    """
+    gi, idx = first_group, first_index
+    fields = dataset.fields_many(ks)
+    if not _FAST_INIT:
+        out = []
+        for k, (prompt, label, meta) in enumerate(fields):
+            prompts, labels, metas = _copies(prompt, n), _copies(label, n), _copies(meta, n)
+            out.append([Sample(group_index=gi + k, index=idx + k * n + j, prompt=prompts[j],
+                               label=labels[j], metadata=metas[j]) for j in range(n)])
+        return out
+    template, new, out = _TEMPLATE, object.__new__, []
+    for k, (prompt, label, meta) in enumerate(fields):
+        prompts, labels, metas = _copies(prompt, n), _copies(label, n), _copies(meta, n)
+        group, first = [], idx + k * n
+        for j in range(n):
+            d = template.copy()
+            d["group_index"], d["index"] = gi + k, first + j
+            d["prompt"], d["label"], d["metadata"] = prompts[j], labels[j], metas[j]
+            d["tokens"], d["weight_versions"], d["apply_chat_template_kwargs"] = [], [], {}
+            sample = new(Sample)
+            sample.__dict__ = d
+            group.append(sample)
+        out.append(group)
+    return out
+
+
 class PlainDataSource(CheckpointMixin):
     """Prompts in epoch order as groups of fresh samples; read-only (no buffer).
 
@@ -89,6 +123,9 @@ class PlainDataSource(CheckpointMixin):
     """
 
     buffer_only_ok = False  # the plain source needs a prompt file
+
+    # capabilities the pre-flight check reads (`pipeline.plugins`): no buffer of groups
+    plugin_provides: frozenset[str] = frozenset()
 
     def __init__(
         self,
@@ -209,36 +246,10 @@ class PlainDataSource(CheckpointMixin):
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
     def _groups(self, ks: np.ndarray) -> list[list[Sample]]:
-        """Fresh groups for kept-prompt positions `ks`; advances the global counters.
-
-        Samples are built from a template of the immutable defaults (`object.__new__` plus a
-        fresh `__dict__`, as `Sample(...)` would set it), each with its own default containers
-        and its own prompt/label/metadata copy.
-        """
-        n = self.n_samples_per_prompt
-        gi, idx = self.sample_group_index, self.sample_index
-        fields = self.dataset.fields_many(ks)
-        if not _FAST_INIT:
-            out = []
-            for k, (prompt, label, meta) in enumerate(fields):
-                prompts, labels, metas = _copies(prompt, n), _copies(label, n), _copies(meta, n)
-                out.append([Sample(group_index=gi + k, index=idx + k * n + j, prompt=prompts[j],
-                                   label=labels[j], metadata=metas[j]) for j in range(n)])
-        else:
-            template, new, out = _TEMPLATE, object.__new__, []
-            for k, (prompt, label, meta) in enumerate(fields):
-                prompts, labels, metas = _copies(prompt, n), _copies(label, n), _copies(meta, n)
-                group, first = [], idx + k * n
-                for j in range(n):
-                    d = template.copy()
-                    d["group_index"], d["index"] = gi + k, first + j
-                    d["prompt"], d["label"], d["metadata"] = prompts[j], labels[j], metas[j]
-                    d["tokens"], d["weight_versions"], d["apply_chat_template_kwargs"] = [], [], {}
-                    sample = new(Sample)
-                    sample.__dict__ = d
-                    group.append(sample)
-                out.append(group)
-        self.sample_group_index, self.sample_index = gi + len(fields), idx + len(fields) * n
+        """Fresh groups for kept-prompt positions `ks`; advances the global counters."""
+        out = prompt_groups(self.dataset, ks, self.n_samples_per_prompt, self.sample_group_index, self.sample_index)
+        self.sample_group_index += len(out)
+        self.sample_index += len(out) * self.n_samples_per_prompt
         return out
 
     def _check_num(self, num_groups: Any) -> int:
@@ -301,6 +312,7 @@ class BufferedDataSource(PlainDataSource):
     """
 
     buffer_only_ok = True
+    plugin_provides: frozenset[str] = frozenset({"buffer"})
 
     def __init__(self, slime_args: Any = None, /, *, buffer_filter: Callable[..., Any] | str | None = None,
                  **kwargs: Any) -> None:
@@ -309,7 +321,7 @@ class BufferedDataSource(PlainDataSource):
             buffer_filter = getattr(form, "buffer_filter_path", None)
         super().__init__(slime_args, **kwargs)
         if isinstance(buffer_filter, str):
-            buffer_filter = import_path(buffer_filter)
+            buffer_filter = import_path(buffer_filter, form)
             if isinstance(buffer_filter, type):  # a stateful filter class: default instance
                 buffer_filter = buffer_filter()
         if buffer_filter is not None and not callable(buffer_filter):

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline.engines.base import follow_trainer_problem
+from pipeline.plugins import allowed_targets, load_object
 
 __all__ = ["trainer_engine_problems", "has_trainer", "trainer_uses_lora"]
 
@@ -36,10 +37,8 @@ def trainer_engine_problems(cfg: dict[str, Any]) -> list[str]:
     engine = cfg.get("engine")
     if not has_trainer(cfg) or not isinstance(engine, dict) or not isinstance(engine.get("_target_"), str):
         return []
-    from pipeline.config import load_object
-
     try:
-        cls = load_object(engine["_target_"], None, "engine._target_")
+        cls = load_object(engine["_target_"], allowed_targets(cfg), "engine._target_")
     except Exception:  # noqa: BLE001 - the allowlist / import rules report it on their own
         return []
     problem = follow_trainer_problem(cls, engine, trainer_uses_lora(cfg["trainer"]))

@@ -31,8 +31,9 @@ import os
 import tempfile
 from typing import Any
 
-from pipeline.engines.assets import resolve_checkpoint
+from pipeline.engines.assets import load_tokenizer, resolve_checkpoint
 from pipeline.engines.base import GenerationRequest, GenerationResult, SamplingParams
+from pipeline.rollout.async_loop import run_sync
 
 __all__ = ["RayEngine", "request_to_dict", "request_from_dict", "replica_env"]
 
@@ -171,8 +172,6 @@ class RayEngine:
     def tokenizer(self) -> Any:
         """The checkpoint's tokenizer in the driver (loaded on first use)."""
         if self._tokenizer is None:
-            from pipeline.engines.assets import load_tokenizer
-
             self._tokenizer = load_tokenizer(resolve_checkpoint(self.hf_checkpoint, self.cache_dir))
         return self._tokenizer
 
@@ -351,8 +350,6 @@ class RayEngine:
             raise ValueError(f"update_weights: version must be an int > the current version "
                              f"{self._weight_version}, got {version!r}")
         if not self._started:
-            from pipeline.rollout.async_loop import run_sync
-
             run_sync(self.start())
         ref = ray.put(dict(state))
         before = (self._weights_ref, self._weight_version)

@@ -24,6 +24,7 @@ from typing import Any, Mapping
 
 import httpx
 
+from pipeline.engines.assets import resolve_checkpoint
 from pipeline.engines.base import FinishReason, GenerationRequest, GenerationResult
 from pipeline.engines.http_util import LoopLocal, with_retries
 from pipeline.engines.weight_sync import save_hf_folder
@@ -129,8 +130,6 @@ class SGLangEngine:
             raise ValueError(self.follow_trainer_problem({}, False))
         base = None
         if self.hf_checkpoint is not None:
-            from pipeline.engines.assets import resolve_checkpoint
-
             base = resolve_checkpoint(self.hf_checkpoint, self.cache_dir)
         folder = save_hf_folder(state, base, self.weight_sync_dir, version, keep=self.keep_weight_versions)
         body = {"model_path": str(folder), "weight_version": str(version), "flush_cache": True,

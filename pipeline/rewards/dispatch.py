@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
+from pipeline.plugins import SLOTS_BY_NAME, allowed_targets, check_call, load_object
 from pipeline.rewards.ifbench import grade_ifbench
 from pipeline.rewards.math import grade, last_boxed
 from pipeline.rewards.math_rules import grade_dapo, grade_deepscaler
@@ -106,15 +107,9 @@ class RewardDispatcher:
 
     def _load(self, args: Any, path: str) -> Any:
         if path not in self._fns:
-            from pipeline.config import load_object
-
-            allowed = _arg(args, "allowed_targets", None)
-            if allowed is not None:
-                allowed = tuple(allowed) + tuple(_arg(args, "allowed_targets_extra", None) or ())
-            from pipeline.config_rules import check_call_signature
-
-            fn = load_object(path, allowed, "reward function (custom_rm_path)")
-            check_call_signature(fn, path, "reward function (custom_rm_path)")
+            slot = SLOTS_BY_NAME["custom_rm"]
+            fn = load_object(path, allowed_targets(args), slot.where)
+            check_call(fn, path, slot.where, slot.calls)
             self._fns[path] = fn
         return self._fns[path]
 

@@ -11,9 +11,10 @@ dict reward) without `reward_key` or mixed with number rewards.
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
+from pipeline.data.errors import DataError
+from pipeline.plugins import accepts, allowed_targets, load_object
 from pipeline.rewards.ifbench import ifbench_available, ifbench_missing_message
 from pipeline.rewards.rm_types import rm_type_problem, rm_types_in_rows, split_rm_type
 
@@ -42,8 +43,6 @@ def _prompt_files(cfg: dict[str, Any]) -> list[tuple[str, str, Any, bool]]:
 def _scan(cfg: dict[str, Any], global_type: Any, out: list[str]) -> dict[str, str]:
     """Known training rm_types -> where first seen; problems of every file appended to `out`.
     `global_type`: `reward.rm_type` (None: not set; "" when set but unknown, already reported)."""
-    from pipeline.data.errors import DataError
-
     used: dict[str, str] = {}
     files = _prompt_files(cfg)
     ds = cfg.get("data_source")
@@ -73,18 +72,15 @@ def _scan(cfg: dict[str, Any], global_type: Any, out: list[str]) -> dict[str, st
 def _uses_reward(cfg: dict[str, Any]) -> bool:
     """True when the rollout or eval part is a class that takes the `reward` (a slime rollout
     function named by `path` scores its samples itself). Only allowed targets are imported."""
-    from pipeline.config import allowed_targets, load_object
-
     for group in ("rollout", "eval"):
         node = cfg.get(group)
         target = node.get("_target_") if isinstance(node, dict) else None
         if not isinstance(target, str):
             continue
         try:
-            params = inspect.signature(load_object(target, allowed_targets(cfg), group)).parameters
+            if accepts(load_object(target, allowed_targets(cfg), group), "reward"):
+                return True
         except Exception:  # noqa: BLE001 - cannot tell; building it reports the real problem
-            return True
-        if "reward" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
             return True
     return False
 

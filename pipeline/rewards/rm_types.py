@@ -16,6 +16,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline.data.lengths import ArrayCache
+from pipeline.data.readers import open_store, parse_data_path
+
 __all__ = ["BOXED_PREFIX", "RM_TYPES", "known_rm_types", "rm_type_problem", "rm_types_in_rows", "split_rm_type"]
 
 BOXED_PREFIX = "boxed_"
@@ -98,9 +101,6 @@ def rm_types_in_rows(path: str, metadata_key: str | None,
     (`file.jsonl@[a:b]` slices allowed). `where` is e.g. `data.jsonl line 7`. A JSON file that
     never mentions `rm_type` is not parsed; otherwise the answer is cached under `cache_dir`
     by the files' sha256."""
-    from pipeline.data.lengths import ArrayCache
-    from pipeline.data.readers import open_store, parse_data_path
-
     file, row_slice = parse_data_path(path)
     store = open_store(path)
     rows = len(store)  # also indexes the lines, which `store.where` needs

@@ -14,8 +14,10 @@ from typing import Any
 
 from pipeline.rollout.async_loop import run_sync
 from pipeline.rollout.contracts import RolloutFnEvalOutput, RolloutFnTrainOutput
+from pipeline.rollout.eval import EngineEval
 from pipeline.rollout.over_sampling import OverSampler
 from pipeline.rollout.sample_hooks import SampleHooks
+from pipeline.rollout.train_run import TrainRun
 
 __all__ = ["EngineRollout"]
 
@@ -96,8 +98,6 @@ class EngineRollout:
 
     async def agenerate(self, args: Any, rollout_id: int, data_source: Any) -> RolloutFnTrainOutput:
         """The train branch as a coroutine (for callers already on the rollout loop)."""
-        from pipeline.rollout.train_run import TrainRun
-
         run = TrainRun(self, args, rollout_id, data_source)
         output = await run.execute()
         self.last_metrics = dict(output.metrics or {})
@@ -105,8 +105,6 @@ class EngineRollout:
 
     def _evaluator(self, args: Any) -> Any:
         if self.evaluator is None:
-            from pipeline.rollout.eval import EngineEval
-
             self.evaluator = EngineEval.from_args(
                 args, engine=self.engine, reward=self.reward, tokenizer=self.tokenizer,
                 custom_generate_path=self.custom_generate_path, progress=self.progress,

@@ -17,6 +17,10 @@ import math
 import time
 from typing import Any
 
+import numpy as np
+
+from pipeline.data.dataset import PromptDataset
+from pipeline.data.sources import prompt_groups
 from pipeline.rollout.async_loop import run_sync
 from pipeline.rollout.contracts import RolloutFnEvalOutput
 from pipeline.rollout.rollout_report import Progress, format_summary
@@ -142,15 +146,12 @@ class EngineEval:
         return value if value is not None else getattr(args, arg_name, None)
 
     def _load(self, args: Any, spec: dict[str, Any]) -> list[list[Sample]]:
-        from pipeline.data.sources import PlainDataSource
-
         n = int(self._value(args, spec, "n_samples_per_eval_prompt", "n_samples_per_eval_prompt") or 1)
         kwargs = {key: self._value(args, spec, key, key) for key in _SOURCE_KEYS}
         kwargs = {k: v for k, v in kwargs.items() if v is not None}
-        source = PlainDataSource(path=spec["path"], n_samples_per_prompt=n, shuffle=False,
-                                 tokenizer=self.tokenizer, max_prompt_len=spec.get("max_prompt_len"),
-                                 **kwargs)
-        return source.get_samples(len(source))
+        dataset = PromptDataset(spec["path"], tokenizer=self.tokenizer, max_prompt_len=spec.get("max_prompt_len"),
+                                **kwargs)
+        return prompt_groups(dataset, np.arange(len(dataset)), n)
 
     async def _generate(self, args: Any, ctx: GenContext, spec: dict[str, Any],
                         groups: list[list[Sample]]) -> list[Sample]:

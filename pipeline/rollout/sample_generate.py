@@ -21,7 +21,9 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline.engines.assets import load_tokenizer, resolve_checkpoint
 from pipeline.engines.base import GenerationRequest, SamplingParams
+from pipeline.plugins import SLOTS_BY_NAME, allowed_targets, load_object, signature_of
 from pipeline.rollout.contracts import PluginOutputError, is_sample_like
 from pipeline.sample import Sample
 from pipeline.sample_meta import coerce_status
@@ -76,8 +78,6 @@ async def resolve_tokenizer(tokenizer: Any, engine: Any) -> Any:
     checkpoint = getattr(engine, "hf_checkpoint", None)
     if checkpoint is None:
         return None
-    from pipeline.engines.assets import load_tokenizer, resolve_checkpoint
-
     path = await asyncio.to_thread(resolve_checkpoint, checkpoint, getattr(engine, "cache_dir", None))
     return await asyncio.to_thread(load_tokenizer, path)
 
@@ -244,10 +244,8 @@ def bind(ctx: GenContext) -> contextvars.Token:
 
 def _names_evaluation(fn: Any) -> bool:
     """slime's rule: `evaluation` is passed only to a function whose signature names it."""
-    try:
-        return "evaluation" in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
+    sig = signature_of(fn)
+    return sig is not None and "evaluation" in sig.parameters
 
 
 def _is_async(fn: Any) -> bool:
@@ -256,13 +254,9 @@ def _is_async(fn: Any) -> bool:
 
 def load_generate_fn(ctx: GenContext, args: Any, path: str) -> Any:
     """Import a custom generate once per context; the run's `_target_` allowlist applies."""
-    from pipeline.config import load_object
-
     if path not in ctx._fn_cache:
-        allowed = getattr(args, "allowed_targets", None)
-        if allowed is not None:
-            allowed = tuple(allowed) + tuple(getattr(args, "allowed_targets_extra", None) or ())
-        ctx._fn_cache[path] = load_object(path, allowed, "custom generate (generate_function_path)")
+        slot = SLOTS_BY_NAME["custom_generate"]
+        ctx._fn_cache[path] = load_object(path, allowed_targets(args), slot.where)
     return ctx._fn_cache[path]
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable
 
+from pipeline.plugins import accepted_keywords
 from pipeline.rollout.contracts import PluginOutputError, is_sample_like
 
 __all__ = ["SampleHooks"]
@@ -20,22 +21,11 @@ __all__ = ["SampleHooks"]
 _KEYWORDS = ("rollout_id", "evaluation")
 
 
-def _keywords(fn: Callable[..., Any]) -> tuple[str, ...]:
-    """Which of `rollout_id` / `evaluation` the hook accepts by name."""
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return ()
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return _KEYWORDS
-    return tuple(k for k in _KEYWORDS if k in params and params[k].kind is not inspect.Parameter.POSITIONAL_ONLY)
-
-
 class SampleHooks:
     """The configured hooks, as (dotted path, function) pairs in call order."""
 
     def __init__(self, hooks: list[tuple[str, Callable[..., Any]]] | None = None) -> None:
-        self.hooks = [(path, fn, _keywords(fn)) for path, fn in (hooks or [])]
+        self.hooks = [(path, fn, accepted_keywords(fn, _KEYWORDS)) for path, fn in (hooks or [])]
 
     def __bool__(self) -> bool:
         return bool(self.hooks)

@@ -17,8 +17,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from pipeline.atomic import atomic_write_text, file_mode, make_temp
+from pipeline.sample import Sample
 
-__all__ = ["load_train_data", "read_samples", "write_samples", "write_train_data"]
+__all__ = ["load_train_data", "read_samples", "to_tensors", "write_samples", "write_train_data"]
 
 _FORMAT = "rollout-pipeline/train-data/v1"
 
@@ -69,13 +70,40 @@ def write_train_data(path: str | os.PathLike[str], data: dict[str, Any], meta: d
 def load_train_data(path: str | os.PathLike[str], as_tensors: bool = False, pad_token_id: int = 0) -> dict[str, Any]:
     """Load train data written by `write_train_data`: `path` may end in .safetensors, .json or
     neither. Returns the dict of lists as it was converted (no pickle involved), or with
-    `as_tensors` the right-padded trainer tensors of `pipeline.stages.train_data.to_tensors`."""
+    `as_tensors` the right-padded trainer tensors of `to_tensors`."""
     data = _load_lists(path)
     if as_tensors:
-        from pipeline.stages.train_data import to_tensors
-
         return to_tensors(data, pad_token_id=pad_token_id)
     return data
+
+
+def _pad(rows: list[list[Any]], value: Any, dtype: torch.dtype) -> torch.Tensor:
+    width = max((len(r) for r in rows), default=0)
+    out = torch.full((len(rows), width), value, dtype=dtype)
+    for i, r in enumerate(rows):
+        if r:
+            out[i, : len(r)] = torch.tensor(r, dtype=dtype)
+    return out
+
+
+def to_tensors(train_data: dict[str, Any], pad_token_id: int = 0) -> dict[str, torch.Tensor]:
+    """Right-padded tensors for a trainer: tokens/attention_mask [B, T], loss_masks and
+    rollout_log_probs [B, R] (response positions), and 1-D per-sample columns."""
+    out: dict[str, torch.Tensor] = {
+        "tokens": _pad(train_data["tokens"], pad_token_id, torch.long),
+        "attention_mask": _pad([[1] * len(t) for t in train_data["tokens"]], 0, torch.long),
+        "loss_masks": _pad(train_data["loss_masks"], 0, torch.long),
+    }
+    for key, dtype in (("response_lengths", torch.long), ("truncated", torch.long),
+                       ("rollout_ids", torch.long), ("rollout_mask_sums", torch.long),
+                       ("rewards", torch.float32), ("raw_reward", torch.float32)):
+        if key in train_data:
+            out[key] = torch.tensor(train_data[key], dtype=dtype)
+    if "sample_indices" in train_data and all(i is not None for i in train_data["sample_indices"]):
+        out["sample_indices"] = torch.tensor(train_data["sample_indices"], dtype=torch.long)
+    if "rollout_log_probs" in train_data:
+        out["rollout_log_probs"] = _pad(train_data["rollout_log_probs"], 0.0, torch.float32)
+    return out
 
 
 def _load_lists(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -131,7 +159,6 @@ def write_samples(path: str | os.PathLike[str], samples: list[Any]) -> None:
 
 def read_samples(path: str | os.PathLike[str]) -> list[Any]:
     """Read a sample dump back into `Sample`s (JSON only)."""
-    from pipeline.sample import Sample
 
     out = []
     with open(path, encoding="utf-8") as fh:

@@ -20,6 +20,8 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from pipeline.atomic import atomic_write_text
+
 __all__ = ["REDACTED", "RedactHydraFiles", "is_secret_key", "redact", "redact_text"]
 
 logger = logging.getLogger(__name__)
@@ -72,8 +74,6 @@ def redact(obj: Any) -> Any:
 
 def redact_hydra_dir(hydra_dir: str | Path) -> list[Path]:
     """Rewrite the YAML files of a `.hydra` folder with secrets redacted; returns the files changed."""
-    from pipeline.atomic import atomic_write_text
-
     changed = []
     for path in sorted(Path(hydra_dir).glob("*.yaml")):
         original = OmegaConf.load(path)

@@ -44,13 +44,12 @@ class StageParts:
     args: Any
     data_source: Any
     rollout_fn: Callable[..., Any]
-    # slime hooks (None: the built-in stage runs)
-    reward_post_process: Callable[..., Any] | None = None
-    convert_to_train_data: Callable[..., Any] | None = None
-    rollout_sample_filter: Callable[..., Any] | None = None
-    rollout_log: Callable[..., Any] | None = None
-    all_samples_process: Callable[..., Any] | None = None
-    eval_rollout_log: Callable[..., Any] | None = None
-    rollout_data_postprocess: Callable[..., Any] | None = None
     # where train data and sample dumps go (None: nothing is written)
     run_dir: str | None = None
+    # every plugin built for the run, by slot name (`pipeline.plugins.SLOTS`): the hooks (slime's
+    # and your own; left out or None: the built-in behaviour runs), the filters, the engine, ...
+    plugins: dict[str, Any] = field(default_factory=dict)
+
+    def plugin(self, name: str) -> Any:
+        """The plugin of slot `name` (e.g. the hook "rollout_log"), None when none is configured."""
+        return self.plugins.get(name)

@@ -28,11 +28,11 @@ def generate_stage(ctx: RolloutContext, parts: StageParts) -> None:
 def sample_filter_stage(ctx: RolloutContext, parts: StageParts) -> None:
     """slime's rollout sample filter `fn(args, groups) -> None` (sets `remove_sample`), then its
     all-samples process `fn(args, all_samples, data_source) -> None`, in slime's order."""
-    if parts.rollout_sample_filter is not None:
-        result = parts.rollout_sample_filter(parts.args, ctx.groups)
+    if parts.plugin("rollout_sample_filter") is not None:
+        result = parts.plugin("rollout_sample_filter")(parts.args, ctx.groups)
         if result is not None:
             raise PluginOutputError(
                 f"rollout sample filter returned {type(result).__name__}; expected None "
                 f"(it marks samples with sample.remove_sample = True in place)")
-    if parts.all_samples_process is not None:
-        parts.all_samples_process(parts.args, ctx.all_groups, parts.data_source)
+    if parts.plugin("all_samples_process") is not None:
+        parts.plugin("all_samples_process")(parts.args, ctx.all_groups, parts.data_source)

@@ -85,8 +85,8 @@ def eval_metrics(args: Any, data: dict[str, dict[str, Any]]) -> dict[str, float]
 def log_stage(ctx: RolloutContext, parts: StageParts) -> None:
     """Fill ctx.metrics: the hook's verdict, default metrics, extra metrics, buffer size."""
     skip = False
-    if parts.rollout_log is not None:
-        skip = bool(parts.rollout_log(ctx.rollout_id, parts.args, ctx.samples, ctx.extra_metrics, ctx.rollout_time))
+    if parts.plugin("rollout_log") is not None:
+        skip = bool(parts.plugin("rollout_log")(ctx.rollout_id, parts.args, ctx.samples, ctx.extra_metrics, ctx.rollout_time))
     # the rollout function's own metrics first; the default ones (docs/contracts.md §7 names) win on a clash
     for key, value in (ctx.extra_metrics or {}).items():
         ctx.metrics[key if "/" in key else f"rollout/{key}"] = value

@@ -108,9 +108,9 @@ def post_process_rewards(args: Any, samples: list[Any]) -> tuple[list[Any], list
 
 def rewards_stage(ctx: RolloutContext, parts: StageParts) -> None:
     """Run the custom hook when configured, else `post_process_rewards`."""
-    if parts.reward_post_process is not None:
-        raw, rewards = parts.reward_post_process(parts.args, ctx.samples)
-    elif parts.convert_to_train_data is not None:
+    if parts.plugin("reward_post_process") is not None:
+        raw, rewards = parts.plugin("reward_post_process")(parts.args, ctx.samples)
+    elif parts.plugin("convert_to_train_data") is not None:
         return  # slime: a custom convert hook replaces reward post-processing too
     else:
         raw, rewards = post_process_rewards(parts.args, ctx.samples)

@@ -17,17 +17,15 @@ post-process hook may then edit the result in place.
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections import defaultdict
 from typing import Any
 
-import torch
-
+from pipeline.plugins import positional_count
 from pipeline.sample import Sample
 from pipeline.stages.context import RolloutContext, StageParts
 
-__all__ = ["convert_to_train_data", "fill_rollout_ids", "source_name", "to_tensors", "train_data_stage"]
+__all__ = ["convert_to_train_data", "fill_rollout_ids", "source_name", "train_data_stage"]
 
 logger = logging.getLogger(__name__)
 
@@ -114,59 +112,19 @@ def _when_all_have(samples: list[Any], attr: str) -> list[Any] | None:
     return None
 
 
-def _pad(rows: list[list[Any]], value: Any, dtype: torch.dtype) -> torch.Tensor:
-    width = max((len(r) for r in rows), default=0)
-    out = torch.full((len(rows), width), value, dtype=dtype)
-    for i, r in enumerate(rows):
-        if r:
-            out[i, : len(r)] = torch.tensor(r, dtype=dtype)
-    return out
-
-
-def to_tensors(train_data: dict[str, Any], pad_token_id: int = 0) -> dict[str, torch.Tensor]:
-    """Right-padded tensors for a trainer: tokens/attention_mask [B, T], loss_masks and
-    rollout_log_probs [B, R] (response positions), and 1-D per-sample columns."""
-    out: dict[str, torch.Tensor] = {
-        "tokens": _pad(train_data["tokens"], pad_token_id, torch.long),
-        "attention_mask": _pad([[1] * len(t) for t in train_data["tokens"]], 0, torch.long),
-        "loss_masks": _pad(train_data["loss_masks"], 0, torch.long),
-    }
-    for key, dtype in (("response_lengths", torch.long), ("truncated", torch.long),
-                       ("rollout_ids", torch.long), ("rollout_mask_sums", torch.long),
-                       ("rewards", torch.float32), ("raw_reward", torch.float32)):
-        if key in train_data:
-            out[key] = torch.tensor(train_data[key], dtype=dtype)
-    if "sample_indices" in train_data and all(i is not None for i in train_data["sample_indices"]):
-        out["sample_indices"] = torch.tensor(train_data["sample_indices"], dtype=torch.long)
-    if "rollout_log_probs" in train_data:
-        out["rollout_log_probs"] = _pad(train_data["rollout_log_probs"], 0.0, torch.float32)
-    return out
-
-
 def train_data_stage(ctx: RolloutContext, parts: StageParts) -> None:
     """Run the custom convert hook when configured, else `convert_to_train_data`; then slime's
     rollout data post-process `fn(args, rollout_id, rollout_data)` (or `fn(args)`) on the result."""
-    if parts.convert_to_train_data is not None:
-        data = parts.convert_to_train_data(parts.args, ctx.samples)
+    if parts.plugin("convert_to_train_data") is not None:
+        data = parts.plugin("convert_to_train_data")(parts.args, ctx.samples)
         if not isinstance(data, dict):
             raise TypeError(f"convert hook returned {type(data).__name__}; expected a dict of lists")
         ctx.train_data = data
     else:
         ctx.train_data = convert_to_train_data(parts.args, ctx.samples, ctx.raw_rewards, ctx.rewards)
-    postprocess = parts.rollout_data_postprocess
+    postprocess = parts.plugin("rollout_data_postprocess")
     if postprocess is not None:
-        if _positional_count(postprocess) == 1:  # slime's older form
+        if positional_count(postprocess) == 1:  # slime's older form
             postprocess(parts.args)
         else:
             postprocess(parts.args, ctx.rollout_id, ctx.train_data)
-
-
-def _positional_count(fn: Any) -> int | None:
-    """How many positional parameters `fn` takes (None: any number, or unknown)."""
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return None
-    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params):
-        return None
-    return sum(p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in params)

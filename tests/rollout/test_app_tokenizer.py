@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from pipeline.app import _build
-from pipeline.config import SlimeArgs, allowed_targets, to_plain, validate
+from pipeline.app import build_parts
+from pipeline.config import SlimeArgs, to_plain, validate
+from pipeline.plugins import allowed_targets
 from pipeline.engines.assets import default_cache_dir, resolve_checkpoint
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
@@ -39,7 +40,7 @@ def test_one_tokenizer_load_shared_by_data_source_and_rollout(engine, tmp_path, 
     plain = to_plain(cfg)
     closers: list = []
     try:
-        parts, _, _ = _build(plain, SlimeArgs.from_config(plain), allowed_targets(plain),
+        parts, _, _ = build_parts(plain, SlimeArgs.from_config(plain), allowed_targets(plain),
                              str(tmp_path / "out"), closers)
         rollout = parts.rollout_fn
         assert len(loads) == 1, loads

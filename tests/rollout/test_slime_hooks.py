@@ -13,7 +13,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from pipeline.config import ConfigError, SlimeArgs, to_plain, validate
-from pipeline.config_rules import check_call_signature
+from pipeline.plugins import check_call
 from pipeline.rewards.dispatch import RewardDispatcher
 from pipeline.rollout.contracts import PluginOutputError
 from pipeline.rollout.sample_generate import call_custom_generate
@@ -68,12 +68,12 @@ def test_a_failing_or_misbehaving_sample_hook_is_named():
 # ------------------------------------------------------------------ signatures and pre-flight
 def test_rollout_data_postprocess_accepts_both_slime_forms():
     key = "rollout_data_postprocess_path"
-    check_call_signature(slime_hooks.rollout_data_postprocess, "p.new", key)
-    check_call_signature(slime_hooks.rollout_data_postprocess_args_only, "p.old", key)
+    check_call(slime_hooks.rollout_data_postprocess, "p.new", key)
+    check_call(slime_hooks.rollout_data_postprocess_args_only, "p.old", key)
     with pytest.raises(ConfigError, match=r"fn\(args, rollout_id, rollout_data\)"):
-        check_call_signature(lambda args, rollout_id: None, "p.two", key)
+        check_call(lambda args, rollout_id: None, "p.two", key)
     with pytest.raises(ConfigError, match=r"fn\(rollout_id, args, data, extra_metrics\) -> bool"):
-        check_call_signature(lambda rollout_id, args, data: None, "p.log", "custom_eval_rollout_log_function_path")
+        check_call(lambda rollout_id, args, data: None, "p.log", "custom_eval_rollout_log_function_path")
 
 
 def test_preflight_checks_the_custom_generate_allowlist_and_hook_keys(tmp_path):

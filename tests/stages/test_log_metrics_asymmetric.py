@@ -133,7 +133,7 @@ def test_log_stage_passes_args_to_the_hook_and_the_default_metrics():
     ctx = RolloutContext(rollout_id=3, samples=[Sample(group_index=0, index=0, reward={"acc": 0.5}, response_length=1)],
                          rollout_time=1.0)
     hook = lambda rollout_id, a, *rest: seen.append(a) or False  # noqa: E731
-    log_stage(ctx, StageParts(args=args, data_source=SimpleNamespace(), rollout_fn=None, rollout_log=hook))
+    log_stage(ctx, StageParts(args=args, data_source=SimpleNamespace(), rollout_fn=None, plugins={"rollout_log": hook}))
     assert seen == [args]
     assert ctx.metrics["rollout/raw_reward"] == 0.5
     assert "rollout/buffer_size" not in ctx.metrics  # a data source without get_buffer_length

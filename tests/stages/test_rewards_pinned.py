@@ -64,5 +64,5 @@ def test_stage_passes_args_to_the_hook_and_checks_both_lengths():
 
     ctx = RolloutContext(rollout_id=0, samples=samples([1.0, 0.0]))
     with pytest.raises(ValueError, match="returned 2 raw rewards and 1 rewards for 2 samples"):
-        rewards_stage(ctx, StageParts(args=a, data_source=None, rollout_fn=None, reward_post_process=hook))
+        rewards_stage(ctx, StageParts(args=a, data_source=None, rollout_fn=None, plugins={"reward_post_process": hook}))
     assert seen == [a]

@@ -15,7 +15,8 @@ from pipeline.stages.rewards import post_process_rewards, rewards_stage
 from pipeline.stages.flatten import flatten_samples
 from pipeline.stages.generate import generate_stage, sample_filter_stage
 from pipeline.stages.log import eval_metrics, log_stage, pass_at_k, rollout_metrics
-from pipeline.stages.train_data import convert_to_train_data, fill_rollout_ids, to_tensors, train_data_stage
+from pipeline.sinks.files import to_tensors
+from pipeline.stages.train_data import convert_to_train_data, fill_rollout_ids, train_data_stage
 from pipeline.stages.validate import RolloutIdError, check_rollout_ids
 
 
@@ -130,9 +131,9 @@ def test_custom_post_process_hook_replaces_stage():
         return [9] * len(samples), [0.25] * len(samples)
 
     ctx = RolloutContext(rollout_id=0, samples=_samples([1, 0]))
-    rewards_stage(ctx, StageParts(args=_args(), data_source=None, rollout_fn=None, reward_post_process=hook))
+    rewards_stage(ctx, StageParts(args=_args(), data_source=None, rollout_fn=None, plugins={"reward_post_process": hook}))
     assert (ctx.raw_rewards, ctx.rewards, seen) == ([9, 9], [0.25, 0.25], [2])
-    bad = StageParts(args=_args(), data_source=None, rollout_fn=None, reward_post_process=lambda a, s: ([1], [1]))
+    bad = StageParts(args=_args(), data_source=None, rollout_fn=None, plugins={"reward_post_process": lambda a, s: ([1], [1])})
     with pytest.raises(ValueError, match="1 raw rewards and 1 rewards for 2 samples"):
         rewards_stage(ctx, bad)
 
@@ -184,7 +185,7 @@ def test_log_probs_carried_and_tensors_padded(caplog):
 
 def test_custom_convert_hook_replaces_conversion_and_post_process():
     parts = StageParts(args=_args(), data_source=None, rollout_fn=None,
-                       convert_to_train_data=lambda args, samples: {"n": len(samples)})
+                       plugins={"convert_to_train_data": lambda args, samples: {"n": len(samples)}})
     ctx = RolloutContext(rollout_id=0, samples=_samples([{"x": 1}, {"x": 0}]))
     rewards_stage(ctx, parts)  # skipped: dict rewards would fail the built-in one
     train_data_stage(ctx, parts)
@@ -213,12 +214,12 @@ def test_sample_filter_hook_sets_remove_sample():
 
     ctx = RolloutContext(rollout_id=0, groups=[s], samples=s)
     sample_filter_stage(ctx, StageParts(args=_args(), data_source=None, rollout_fn=None,
-                                        rollout_sample_filter=drop_second))
+                                        plugins={"rollout_sample_filter": drop_second}))
     td = convert_to_train_data(_args(), s, [1, 0], [1, 0])
     assert td["loss_masks"] == [[1, 1], [0, 0]]
     with pytest.raises(PluginOutputError, match="expected None"):
         sample_filter_stage(ctx, StageParts(args=_args(), data_source=None, rollout_fn=None,
-                                            rollout_sample_filter=lambda a, g: g))
+                                            plugins={"rollout_sample_filter": lambda a, g: g}))
 
 
 # ------------------------------------------------------------------ log
@@ -246,13 +247,13 @@ def test_custom_log_hook_can_skip_default():
     ds = SimpleNamespace(get_buffer_length=lambda: 3)
     ctx = RolloutContext(rollout_id=2, samples=_samples([1, 0]), rollout_time=0.5,
                          extra_metrics={"rollout/dynamic_filter/drop_zero_std_1.0": 2})
-    log_stage(ctx, StageParts(args=_args(), data_source=ds, rollout_fn=None, rollout_log=hook))
+    log_stage(ctx, StageParts(args=_args(), data_source=ds, rollout_fn=None, plugins={"rollout_log": hook}))
     assert calls == [(2, 2, {"rollout/dynamic_filter/drop_zero_std_1.0": 2}, 0.5)]
     assert "rollout/raw_reward" not in ctx.metrics
     assert ctx.metrics["rollout/dynamic_filter/drop_zero_std_1.0"] == 2
     assert ctx.metrics["rollout/buffer_size"] == 3.0
     ctx2 = RolloutContext(rollout_id=2, samples=_samples([1, 0]), rollout_time=0.5)
-    log_stage(ctx2, StageParts(args=_args(), data_source=ds, rollout_fn=None, rollout_log=lambda *a: False))
+    log_stage(ctx2, StageParts(args=_args(), data_source=ds, rollout_fn=None, plugins={"rollout_log": lambda *a: False}))
     assert ctx2.metrics["rollout/raw_reward"] == 0.5
 
 

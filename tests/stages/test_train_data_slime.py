@@ -8,7 +8,8 @@ from types import SimpleNamespace
 import pipeline
 from pipeline.sample import Sample
 from pipeline.sinks.files import write_train_data
-from pipeline.stages.train_data import convert_to_train_data, to_tensors
+from pipeline.sinks.files import to_tensors
+from pipeline.stages.train_data import convert_to_train_data
 
 # the per-sample keys slime's RolloutManager hands to its trainer (its _split_train_data_by_dp list)
 SLIME_SPLIT_KEYS = {"tokens", "multimodal_train_inputs", "response_lengths", "rewards", "truncated", "loss_masks",

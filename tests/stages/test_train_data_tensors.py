@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from pipeline.sample import Sample
-from pipeline.stages.train_data import _pad, convert_to_train_data, to_tensors
+from pipeline.sinks.files import _pad, to_tensors
+from pipeline.stages.train_data import convert_to_train_data
 
 pytestmark = pytest.mark.timeout(30)
 
