@@ -73,7 +73,7 @@ def child(phase: str, data: str, tokenizer: str, cache: str, max_len: int) -> di
     out: dict[str, float] = {}
     t0, c0 = time.perf_counter(), _cpu()
     cls = BufferedDataSource if phase == "checkpoint" else PlainDataSource
-    src = cls(path=data, n_samples_per_prompt=8, seed=42, tokenizer=tokenizer, max_prompt_len=max_len,
+    src = cls(prompt_data=data, n_samples_per_prompt=8, seed=42, tokenizer=tokenizer, max_prompt_len=max_len,
               cache_dir=cache, save_dir=str(Path(cache) / "ckpt"))
     out["start_s"], out["start_cpu_s"] = time.perf_counter() - t0, _cpu() - c0
     out["prompts"] = len(src)
@@ -106,7 +106,7 @@ def child(phase: str, data: str, tokenizer: str, cache: str, max_len: int) -> di
         path = src.save(3)
         out["save_s"], out["save_cpu_s"] = time.perf_counter() - t0, _cpu() - c0
         out["checkpoint_mb"] = path.stat().st_size / 1e6
-        fresh = BufferedDataSource(path=data, n_samples_per_prompt=8, seed=42, tokenizer=tokenizer,
+        fresh = BufferedDataSource(prompt_data=data, n_samples_per_prompt=8, seed=42, tokenizer=tokenizer,
                                    max_prompt_len=max_len, cache_dir=cache, save_dir=str(Path(cache) / "ckpt"))
         t0, c0 = time.perf_counter(), _cpu()
         assert fresh.load() == 3 and fresh.get_buffer_length() == 10_000

@@ -89,7 +89,7 @@ async def _raw(engine: Any, prompts: list[list[int]], tokens: int, seeds: list[i
 
 
 def _batch_prompts(src_path: Path, tok: Any, groups: int, n: int) -> tuple[list[list[int]], list[int]]:
-    src = PlainDataSource(path=str(src_path), n_samples_per_prompt=n, shuffle=False, label_key="label",
+    src = PlainDataSource(prompt_data=str(src_path), n_samples_per_prompt=n, shuffle=False, label_key="label",
                           apply_chat_template=True, tokenizer=tok)
     ids, seeds = [], []
     for g in src.get_samples(groups):
@@ -118,7 +118,7 @@ def bench_raw_vs_rollout(engine: Any, data: Path, a: argparse.Namespace, reps: i
         raw.append(toks / wall)
         toks, wall = run_sync(_raw(engine, prompts, a.tokens, seeds))
         raw_batched.append(toks / wall)
-        src = PlainDataSource(path=str(data), n_samples_per_prompt=a.n, shuffle=False, label_key="label",
+        src = PlainDataSource(prompt_data=str(data), n_samples_per_prompt=a.n, shuffle=False, label_key="label",
                               apply_chat_template=True, tokenizer=tok)
         start = time.perf_counter()
         out = rollout(args, 0, src)
@@ -190,7 +190,7 @@ def bench_over_sampling(correct_rate: float, rollouts: int = 6) -> list[tuple[st
                                     dynamic_filter=check_reward_nonzero_std, over_sampling=mode,
                                     progress=False, summary=False)
             cls = BufferedDataSource if buffered else PlainDataSource
-            src = cls(path=str(data), n_samples_per_prompt=4, shuffle=False, label_key="label")
+            src = cls(prompt_data=str(data), n_samples_per_prompt=4, shuffle=False, label_key="label")
             args = _args(rollout_batch_size=8, n_samples_per_prompt=4, over_sampling_batch_size=osb,
                          rollout_max_response_len=256)
             tokens = fetched = rounds = 0

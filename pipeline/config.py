@@ -32,7 +32,7 @@ def to_plain(cfg: Any) -> Any:
 # ----------------------------------------------------------------------------------- args view
 # data-source keys mirrored into args under slime's names
 _DATA_MIRRORS = {
-    "path": "prompt_data",
+    "prompt_data": "prompt_data",
     "seed": "rollout_seed",
     "shuffle": "rollout_shuffle",
     "input_key": "input_key",
@@ -159,8 +159,8 @@ def _eval_prompt_data(datasets: Any) -> list[str] | None:
         return None
     flat: list[str] = []
     for ds in datasets:
-        if isinstance(ds, dict) and "name" in ds and "path" in ds:
-            flat += [str(ds["name"]), str(ds["path"])]
+        if isinstance(ds, dict) and "name" in ds and "prompt_data" in ds:
+            flat += [str(ds["name"]), str(ds["prompt_data"])]
     return flat or None
 
 

@@ -247,46 +247,48 @@ def _buffer_only(cfg: dict[str, Any], ds: dict[str, Any], out: list[str]) -> boo
     """True when the source has no prompt file (checked here); a buffer-only source needs a
     rollout that fills the samples itself, the plain one cannot be buffer-only."""
     target = str(_target(ds) or "")
-    if "path" in ds:
-        if ds["path"] is not None:
+    if "prompt_data" in ds:
+        if ds["prompt_data"] is not None:
             return False
     elif _provides(cfg, "data_source", "buffer") is not True or cfg.get("prompt_data") is not None:
         return False  # built from args (data_source=slime) with +prompt_data, or another class
     if _provides(cfg, "data_source", "buffer") is False:
-        out.append("data_source.path: null, but the plain source needs a prompt file; for a buffer-only "
+        out.append("data_source.prompt_data: null, but the plain source needs a prompt file; for a buffer-only "
                    "source (slime's --disable-rollout-global-dataset) use data_source=buffered")
         return True
     rollout = str(_target(cfg.get("rollout")) or "")
     if rollout.startswith(("pipeline.rollout.engine_rollout.", "pipeline.rollout.sft.")):
         out.append(f"data_source: no prompt file (buffer-only, slime's --disable-rollout-global-dataset), so "
                    f"{rollout.rsplit('.', 1)[-1]} would get empty prompts; use a rollout function that fills "
-                   f"the samples (rollout=function rollout.path=...) or set data_source.path")
+                   f"the samples (rollout=function rollout.path=...) or set data_source.prompt_data")
     return True
 
 
 def _data_path(cfg: dict[str, Any], out: list[str]) -> None:
     ds = cfg.get("data_source")
-    if not isinstance(ds, dict) or _buffer_only(cfg, ds, out) or "path" not in ds:
+    if not isinstance(ds, dict) or _buffer_only(cfg, ds, out) or "prompt_data" not in ds:
         return
     if "seed" in ds and not _is_int(ds["seed"]):
         out.append(f"data_source.seed: expected an integer, got {ds['seed']!r}")
     if "shuffle" in ds and not isinstance(ds["shuffle"], bool):
         out.append(f"data_source.shuffle: expected true or false, got {ds['shuffle']!r}")
-    paths = ds["path"] if isinstance(ds["path"], list) else [ds["path"]]
+    paths = ds["prompt_data"] if isinstance(ds["prompt_data"], list) else [ds["prompt_data"]]
     for p in paths:
         if not isinstance(p, str) or not p:
-            out.append(f"data_source.path: expected a file path string, got {p!r}")
+            out.append(f"data_source.prompt_data: expected a file path string, got {p!r}")
             continue
         bare = _SLICE.sub("", p)
         if not os.path.exists(bare):
-            out.append(f"data_source.path: {bare!r} does not exist (cwd {os.getcwd()}); expected a "
+            out.append(f"data_source.prompt_data: {bare!r} does not exist (cwd {os.getcwd()}); expected a "
                        f".jsonl/.parquet/.json file or a datasets folder")
     ev = cfg.get("eval")
     datasets = ev.get("datasets") if isinstance(ev, dict) else None
     for i, d in enumerate(datasets if isinstance(datasets, list) else []):
-        p = d.get("path") if isinstance(d, dict) else None
+        # `path`: the earlier spelling, still read (with a warning) by EngineEval
+        key = "prompt_data" if isinstance(d, dict) and "prompt_data" in d else "path"
+        p = d.get(key) if isinstance(d, dict) else None
         if isinstance(p, str) and not os.path.exists(_SLICE.sub("", p)):
-            out.append(f"eval.datasets[{i}].path: {p!r} does not exist; expected an eval prompt file")
+            out.append(f"eval.datasets[{i}].{key}: {p!r} does not exist; expected an eval prompt file")
 
 
 def _plugins(cfg: dict[str, Any], out: list[str]) -> None:

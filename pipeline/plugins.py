@@ -295,8 +295,11 @@ def build(node: Any, *, allowed: Iterable[str] | None = None, where: str = "",
     if not isinstance(node, dict):
         raise ConfigError(f"{where or 'plugin'}: expected a mapping with _target_ or path, got {node!r}")
     node = dict(node)
-    # with a _target_, `path` is an ordinary keyword (e.g. the data source's data path)
-    if "path" in node and "_target_" not in node:
+    if "path" in node and "_target_" in node:
+        raise ConfigError(f"{where or 'plugin'}: both _target_ ({node['_target_']}) and path ({node['path']}); "
+                          f"path names a function, _target_ an object to build: keep one (a data source's "
+                          f"prompt file is prompt_data)")
+    if "path" in node:
         path = node.pop("path")
         if path is None:
             return None

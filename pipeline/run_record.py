@@ -15,6 +15,7 @@ needs `allow_config_change=true`. Run dirs of older versions have no record: the
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
@@ -26,8 +27,8 @@ from pipeline.atomic import atomic_write_text
 from pipeline.plugins import ConfigError
 from pipeline.sinks.redact import REDACTED, redact, redact_text
 
-__all__ = ["CHANGES_FILE", "OPT_IN", "RECORD_FILE", "check_resume_config", "config_changes", "merge_overrides",
-           "override_key", "read_changes", "read_record", "record_changes", "upgrade_config", "upgrade_overrides",
+__all__ = ["CHANGES_FILE", "MOVED_ENTRY_KEYS", "MOVED_KEYS", "OPT_IN", "RECORD_FILE", "check_resume_config",
+           "config_changes", "merge_overrides", "override_key", "read_changes", "read_record", "record_changes", "upgrade_config", "upgrade_overrides",
            "write_record"]
 
 logger = logging.getLogger(__name__)
@@ -41,10 +42,18 @@ _SESSION_KEYS = ("resume", OPT_IN)
 # keys a diff leaves out: the session keys, and the run dir itself (a moved or copied run dir)
 _NOT_COMPARED = [*_SESSION_KEYS, "paths.output_dir"]
 _ABSENT = "<absent>"
-# keys that moved: old spelling -> new (old overrides and stored configs of earlier runs are read
-# with the new names; `over_sampling_factor` left the data_source / dynamic_filter groups)
+# keys that moved: old spelling -> new. Old overrides (command line, stored) and stored configs of
+# earlier runs are read with the new names, with a warning: `over_sampling_factor` left the
+# data_source / dynamic_filter groups; the prompt file is `prompt_data` (slime's name), as `path`
+# names a function plugin everywhere else
 MOVED_KEYS = {"data_source.over_sampling_factor": "over_sampling_factor",
-              "dynamic_filter.over_sampling_factor": "over_sampling_factor"}
+              "dynamic_filter.over_sampling_factor": "over_sampling_factor",
+              "data_source.path": "data_source.prompt_data"}
+# keys renamed inside each entry of a list: list key -> {old: new}
+MOVED_ENTRY_KEYS = {"eval.datasets": {"path": "prompt_data"}}
+# how the values of several old keys moved to one new key combine (default: the one value): the
+# larger over-sampling factor is what earlier runs used
+_COMBINE = {"over_sampling_factor": max}
 
 
 def override_key(override: str) -> str:
@@ -52,30 +61,57 @@ def override_key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
 
 
+def _moved_entry_key(key: str) -> str | None:
+    """The new spelling of a list entry's moved key (`eval.datasets.0.path` -> `...0.prompt_data`)."""
+    head, _, old = key.rpartition(".")
+    list_key, _, index = head.rpartition(".")
+    new = MOVED_ENTRY_KEYS.get(list_key, {}).get(old)
+    return f"{head}.{new}" if new and index.isdigit() else None
+
+
 def upgrade_overrides(overrides: list[str]) -> list[str]:
     """`overrides` with the old spellings of `MOVED_KEYS` rewritten to the new keys (a warning each)."""
     out = []
     for override in overrides:
         key = override_key(override)
-        if key in MOVED_KEYS and "=" in override and not override.startswith("~"):
-            new = f"{MOVED_KEYS[key]}={override.split('=', 1)[1]}"
-            logger.warning("%s: %s moved to %s; read as %s", override, key, MOVED_KEYS[key], new)
+        new_key = MOVED_KEYS.get(key) or _moved_entry_key(key)
+        if new_key and "=" in override and not override.startswith("~"):
+            new = f"{new_key}={override.split('=', 1)[1]}"
+            logger.warning("%s: %s moved to %s (the old key is deprecated); read as %s", override, key, new_key, new)
             override = new
         out.append(override)
     return out
 
 
+def _node(config: dict[str, Any], dotted: str) -> tuple[dict[str, Any] | None, str]:
+    """The dict holding the last part of `dotted` (None when a part is missing) and that part."""
+    *parents, leaf = dotted.split(".")
+    node: Any = config
+    for part in parents:
+        node = node.get(part) if isinstance(node, dict) else None
+    return (node if isinstance(node, dict) else None), leaf
+
+
 def upgrade_config(config: dict[str, Any]) -> dict[str, Any]:
-    """A stored config (earlier layout) with `MOVED_KEYS` moved: the factor is the larger of the
-    old data_source's and dynamic_filter's, which is what earlier runs used."""
-    old = [config[group].get("over_sampling_factor") for group in ("data_source", "dynamic_filter")
-           if isinstance(config.get(group), dict) and "over_sampling_factor" in config[group]]
-    if not old or "over_sampling_factor" in config:
-        return config
-    config = {k: (({n: v for n, v in node.items() if n != "over_sampling_factor"})
-                  if k in ("data_source", "dynamic_filter") and isinstance(node, dict) else node)
-              for k, node in config.items()}
-    config["over_sampling_factor"] = max(old)
+    """A copy of a stored config (earlier layout) with the keys of `MOVED_KEYS` and
+    `MOVED_ENTRY_KEYS` under their new names (a key already stored under its new name stays)."""
+    config = copy.deepcopy(config)
+    moved: dict[str, list[Any]] = {}
+    for old, new in MOVED_KEYS.items():
+        parent, leaf = _node(config, old)
+        if parent is not None and leaf in parent:
+            moved.setdefault(new, []).append(parent.pop(leaf))
+    for new, values in moved.items():
+        parent, leaf = _node(config, new)
+        if parent is not None and leaf not in parent:
+            parent[leaf] = _COMBINE.get(new, lambda *v: v[0])(*values)
+    for list_key, renames in MOVED_ENTRY_KEYS.items():
+        parent, leaf = _node(config, list_key)
+        entries = parent.get(leaf) if parent is not None else None
+        for entry in entries if isinstance(entries, list) else []:
+            for old, new in renames.items():
+                if isinstance(entry, dict) and old in entry and new not in entry:
+                    entry[new] = entry.pop(old)
     return config
 
 

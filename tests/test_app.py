@@ -19,7 +19,7 @@ CONF = Path(__file__).resolve().parents[1] / "conf"
 def _cfg(tmp_path: Path, *extra: str):
     data = tmp_path / "d.jsonl"
     data.write_text("".join(json.dumps({"input": f"What is {i} + 1?", "label": str(i + 1)}) + "\n" for i in range(20)))
-    overrides = [f"paths.output_dir={tmp_path}/run", f"data_source.path={data}", "rollout_batch_size=2",
+    overrides = [f"paths.output_dir={tmp_path}/run", f"data_source.prompt_data={data}", "rollout_batch_size=2",
                  "n_samples_per_prompt=2", "num_rollout=3", "allowed_targets_extra=[tests.]", "rollout=function",
                  "engine=scripted",
                  "rollout.path=tests.plugins.slime_plugins.generate_rollout", "logger=jsonl", "~logger.keys",

@@ -139,7 +139,7 @@ def _data(tmp: Path, rows: int = 8) -> Path:
 def _overrides(tmp: Path, *extra: str) -> list[str]:
     rollout = [] if any(x.startswith("rollout=") for x in extra) else [
         "rollout=function", f"rollout.path={ME}.good_rollout"]
-    return [f"paths.output_dir={tmp}/run", f"data_source.path={_data(tmp)}", "data_source.apply_chat_template=false",
+    return [f"paths.output_dir={tmp}/run", f"data_source.prompt_data={_data(tmp)}", "data_source.apply_chat_template=false",
             "rollout_batch_size=2", "n_samples_per_prompt=2", "num_rollout=1", "allowed_targets_extra=[tests.]",
             "engine=scripted", *rollout, "logger=jsonl", *extra]
 
@@ -246,7 +246,7 @@ CASES: dict[str, Callable[[Path], str]] = {
     # config, through the CLI
     "unknown-option": lambda t: _cli(t, "rollout_batchsize=2"),
     "wrong-type": lambda t: _cli(t, "rollout_batch_size=abc"),
-    "dataset-missing": lambda t: _cli(t, "data_source.path=nope.jsonl"),
+    "dataset-missing": lambda t: _cli(t, "data_source.prompt_data=nope.jsonl"),
     "target-not-allowed-cli": lambda t: _cli(t, "rollout.path=os.system"),
     # config, in-process
     "unknown-group-option": lambda t: _compose(t, "engine=nope"),

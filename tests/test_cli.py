@@ -34,7 +34,7 @@ def data(tmp_path_factory) -> Path:
 
 def base(data: Path, engine_rollout: bool = True) -> list[str]:
     quiet = ["rollout.progress=false", "rollout.summary=false"] if engine_rollout else []
-    return ["engine=scripted", f"data_source.path={data}", "rollout_batch_size=2", "n_samples_per_prompt=2",
+    return ["engine=scripted", f"data_source.prompt_data={data}", "rollout_batch_size=2", "n_samples_per_prompt=2",
             "rollout_max_response_len=256"] + quiet
 
 
@@ -189,7 +189,7 @@ def test_help_lists_groups_and_cfg_job_prints_config(data):
                            "advantage": "cispo", "logger": "jsonl, wandb"}.items():
         line = next(x for x in out.splitlines() if x.strip().startswith(f"{group}:"))
         assert all(o in line for o in options.split(", ")), line
-    cfg = run_cli(["--cfg", "job", "--resolve", f"data_source.path={data}", "rollout_batch_size=3",
+    cfg = run_cli(["--cfg", "job", "--resolve", f"data_source.prompt_data={data}", "rollout_batch_size=3",
                    "paths.output_dir=/tmp/x"]).stdout
     assert "rollout_batch_size: 3" in cfg and "over_sampling_batch_size: 3" in cfg
     assert "_target_: pipeline.data.sources.PlainDataSource" in cfg
@@ -230,7 +230,7 @@ def test_sft_experiment_masks_assistant_turns(tmp_path):
     chat = tmp_path / "chat.jsonl"
     chat.write_text("".join(json.dumps({"messages": conv}) + "\n" for _ in range(6)))
     run_dir = tmp_path / "sft"
-    run_cli(["experiment=sft", "engine=scripted", "logger=jsonl", f"data_source.path={chat}", "num_rollout=2",
+    run_cli(["experiment=sft", "engine=scripted", "logger=jsonl", f"data_source.prompt_data={chat}", "num_rollout=2",
              "rollout_batch_size=3", f"hydra.run.dir={run_dir}"])
     td = pipeline.load_train_data(run_dir / "train_data" / "rollout_1")
     assert len(td["tokens"]) == 3 and td["rewards"] == [0, 0, 0]

@@ -54,7 +54,7 @@ def test_buffer_only_source_fed_by_a_slime_rollout_function_then_replayed(tmp_pa
 def test_custom_generate_setting_slime_status(tmp_path: Path, data: Path) -> None:
     """A custom generate that sets slime's `Sample.Status` runs through every stage, persist included."""
     run = tmp_path / "run"
-    run_cli(SIZES + [f"data_source.path={data}", "rollout.progress=false", "rollout.summary=false",
+    run_cli(SIZES + [f"data_source.prompt_data={data}", "rollout.progress=false", "rollout.summary=false",
                      "rollout.custom_generate_path=tests.plugins.slime_data_plugins.generate_with_tool_turn",
                      "allowed_targets_extra=[tests.]", f"hydra.run.dir={run}"])
     for r in (0, 1):
@@ -73,7 +73,7 @@ def test_custom_generate_setting_slime_status_on_the_real_model(tmp_path: Path, 
     """The same custom generate on the bundled model (hf engine): real text, then the tool turn."""
     run = tmp_path / "run"
     run_cli(["logger=jsonl", "num_rollout=1", "rollout_batch_size=1", "n_samples_per_prompt=2",
-             "rollout_max_response_len=8", f"data_source.path={data}", "rollout.progress=false",
+             "rollout_max_response_len=8", f"data_source.prompt_data={data}", "rollout.progress=false",
              "rollout.summary=false", "allowed_targets_extra=[tests.]",
              "rollout.custom_generate_path=tests.plugins.slime_data_plugins.generate_with_tool_turn",
              f"hydra.run.dir={run}"], timeout=280)

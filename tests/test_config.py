@@ -55,9 +55,10 @@ def test_null_targets_build_to_none():
     assert build(OmegaConf.create({"path": None})) is None
 
 
-def test_path_is_a_plain_keyword_when_target_present():
-    obj = build({"_target_": "builtins.dict", "path": "data.jsonl"}, allowed=ALLOWED)
-    assert obj == {"path": "data.jsonl"}
+def test_a_node_with_both_target_and_path_is_refused():
+    # `path` names a function plugin everywhere; a data source's prompt file is prompt_data
+    with pytest.raises(ConfigError, match=r"data_source: both _target_ \(builtins.dict\) and path \(data.jsonl\).*prompt_data"):
+        build({"_target_": "builtins.dict", "path": "data.jsonl"}, allowed=ALLOWED, where="data_source")
 
 
 @pytest.mark.parametrize("target", ["os.system", "subprocess.run", "subprocess.Popen", "builtins.eval",
@@ -91,13 +92,13 @@ def test_constructor_failure_names_target():
 def _cfg(**over):
     base = {
         "num_rollout": 3, "rollout_batch_size": 4, "n_samples_per_prompt": 2, "reward_key": None,
-        "data_source": {"_target_": "pipeline.data.sources.PlainDataSource", "path": "d.jsonl", "seed": 7,
+        "data_source": {"_target_": "pipeline.data.sources.PlainDataSource", "prompt_data": "d.jsonl", "seed": 7,
                         "shuffle": False, "input_key": "question",
                         "max_prompt_len": "${rollout_max_prompt_len}"},
         "rollout_max_prompt_len": 64,
         "reward": {"rm_type": "math", "custom_rm_path": None},
         "advantage": {"estimator": "gspo", "rewards_normalization": True, "grpo_std_normalization": False},
-        "eval": {"datasets": [{"name": "m", "path": "e.jsonl"}]},
+        "eval": {"datasets": [{"name": "m", "prompt_data": "e.jsonl"}]},
         "filter": {"path": "pipeline.data.buffer_filters.pop_first"},
         "dynamic_filter": {"path": None},
     }

@@ -46,7 +46,7 @@ def workdir(tmp_path_factory):
 
 
 def base_overrides(d: Path) -> list[str]:
-    return [f"paths.output_dir={d}/out", f"data_source.path={d}/train.jsonl", f"paths.data_dir={d}",
+    return [f"paths.output_dir={d}/out", f"data_source.prompt_data={d}/train.jsonl", f"paths.data_dir={d}",
             f"paths.cache_dir={d}/cache", "engine=scripted", "logger=jsonl"]
 
 
@@ -56,18 +56,18 @@ def option_overrides(group: str, option: str, d: Path) -> list[str]:
     need = {
         ("rollout", "function"): ["rollout.path=tests.plugins.slime_plugins.generate_rollout"] + plugins,
         ("rollout", "replay"): [f"rollout.source_dir={d}/prev"],
-        ("rollout", "sft"): [f"data_source.path={d}/chat.jsonl", "data_source.input_key=messages",
+        ("rollout", "sft"): [f"data_source.prompt_data={d}/chat.jsonl", "data_source.input_key=messages",
                              "data_source.apply_chat_template=false",
                              "~data_source.label_key", "n_samples_per_prompt=1", "advantage=none"],
         ("eval", "function"): ["eval.path=tests.plugins.slime_plugins.generate_rollout", "eval_interval=1"] + plugins,
-        ("eval", "engine"): ["eval_interval=1", f"eval.datasets.0.path={d}/eval.jsonl"],
-        ("experiment", "sft"): [f"data_source.path={d}/chat.jsonl"],
+        ("eval", "engine"): ["eval_interval=1", f"eval.datasets.0.prompt_data={d}/eval.jsonl"],
+        ("experiment", "sft"): [f"data_source.prompt_data={d}/chat.jsonl"],
         ("filter", "reward_topk"): ["data_source=buffered"],
         ("filter", "oldest_first"): ["data_source=buffered"],
         ("advantage", "rloo"): ["n_samples_per_prompt=2"],
         ("reward", "custom"): ["reward.custom_rm_path=examples.reward.brevity_math", "allowed_targets_extra=[examples.]"],
         ("reward", "dapo"): ["reward_key=score"],
-        # built from args alone (slime's names): the prompt file is prompt_data, not data_source.path
+        # built from args alone (slime's names): the prompt file is prompt_data, not data_source.prompt_data
         ("data_source", "slime"): [f"+prompt_data={d}/train.jsonl"],
     }
     if group == "engine" and option != "scripted":
@@ -157,7 +157,7 @@ def test_data_source_filter_product(ds, filt, workdir):
     ("eval_before_train=true", "eval_before_train: true but eval=none"),
     ("save_interval=-1", "save_interval: expected a positive integer or null"),
     ("start_rollout_id=5", r"start_rollout_id: 5 must be < num_rollout \(3\)"),
-    ("data_source.path='/nonexistent/x.jsonl@[1:]'", "data_source.path: '/nonexistent/x.jsonl' does not exist"),
+    ("data_source.prompt_data='/nonexistent/x.jsonl@[1:]'", "data_source.prompt_data: '/nonexistent/x.jsonl' does not exist"),
     ("rollout_top_p=1.5", r"rollout_top_p: expected a number in \(0, 1\]"),
     ("resume=/nonexistent/run", "resume: '/nonexistent/run' is not a directory"),
     ("custom_reward_post_process_path=nodots", "custom_reward_post_process_path: expected a dotted path"),
@@ -169,10 +169,10 @@ def test_data_source_filter_product(ds, filt, workdir):
     ("logger=wandb logger.mode=cloud", "logger.mode: expected offline, online or disabled, got 'cloud'"),
     ("data_source.seed=abc", "data_source.seed: expected an integer, got 'abc'"),
     ("data_source.shuffle=3", "data_source.shuffle: expected true or false, got 3"),
-    ("data_source.path=null", "data_source.path: null, but the plain source needs a prompt file; for a buffer-only"),
-    ("data_source=buffered data_source.path=null", r"no prompt file \(buffer-only, slime's --disable-rollout-global-"
+    ("data_source.prompt_data=null", "data_source.prompt_data: null, but the plain source needs a prompt file; for a buffer-only"),
+    ("data_source=buffered data_source.prompt_data=null", r"no prompt file \(buffer-only, slime's --disable-rollout-global-"
                                                    r"dataset\), so EngineRollout would get empty prompts"),
-    ("data_source=buffered data_source.path=null rollout=function rollout.path=tests.plugins.slime_plugins.generate_rollout"
+    ("data_source=buffered data_source.prompt_data=null rollout=function rollout.path=tests.plugins.slime_plugins.generate_rollout"
      " allowed_targets_extra=[tests.]", None),
     ("dynamic_filter=nonzero_std over_sampling_factor=0.5",
      "over_sampling_factor: expected a number >= 1, got 0.5"),
@@ -212,8 +212,8 @@ def test_validate_rloo_needs_two_samples_and_eval_paths(workdir):
     cfg = compose_cfg(base_overrides(workdir) + ["advantage=rloo", "n_samples_per_prompt=1"])
     with pytest.raises(ConfigError, match="advantage=rloo needs n_samples_per_prompt >= 2"):
         validate(cfg)
-    cfg = compose_cfg(base_overrides(workdir) + ["eval=engine", "eval_interval=1", "eval.datasets.0.path=/no/e.jsonl"])
-    with pytest.raises(ConfigError, match=r"eval.datasets\[0\].path: '/no/e.jsonl' does not exist"):
+    cfg = compose_cfg(base_overrides(workdir) + ["eval=engine", "eval_interval=1", "eval.datasets.0.prompt_data=/no/e.jsonl"])
+    with pytest.raises(ConfigError, match=r"eval.datasets\[0\].prompt_data: '/no/e.jsonl' does not exist"):
         validate(cfg)
 
 

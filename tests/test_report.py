@@ -323,7 +323,7 @@ def test_report_of_a_real_model_sweep(tmp_path):
     sweep = tmp_path / "sweep"
     subprocess.run([sys.executable, "run.py", "-m", "data_source.seed=1,2", "num_rollout=2", "rollout_batch_size=2",
                     "n_samples_per_prompt=2", "rollout_max_response_len=12", "eval=engine", "eval_interval=2",
-                    "n_samples_per_eval_prompt=2", f"eval.datasets=[{{name: tiny, path: {eval_file}}}]",
+                    "n_samples_per_eval_prompt=2", f"eval.datasets=[{{name: tiny, prompt_data: {eval_file}}}]",
                     "logger=jsonl", f"hydra.sweep.dir={sweep}"], cwd=ROOT, check=True, capture_output=True,
                    timeout=540)
     proc = subprocess.run([sys.executable, "-m", "pipeline.report", str(sweep)], cwd=ROOT, capture_output=True,

@@ -159,6 +159,29 @@ def test_a_run_dir_of_the_earlier_over_sampling_factor_layout_resumes(first_run,
 
 
 @pytest.mark.timeout(300)
+def test_a_run_dir_of_the_earlier_data_path_layout_resumes(first_run, tmp_path):
+    """Earlier runs named the prompt file data_source.path: their stored config and overrides are
+    read with data_source.prompt_data, and the old spelling on the command line still works."""
+    run_dir = tmp_path / "run"
+    os.system(f"cp -r {first_run} {run_dir}")
+    record = json.loads((run_dir / RECORD_FILE).read_text())
+    data = record["config"]["data_source"].pop("prompt_data")
+    record["config"]["data_source"]["path"] = data
+    record["overrides"].append(f"data_source.path={data}")
+    atomic_write_text(run_dir / RECORD_FILE, json.dumps(record))
+    proc = cli(f"resume={run_dir}", "num_rollout=3", f"data_source.path={data}")
+    assert "data_source.path moved to data_source.prompt_data (the old key is deprecated)" in proc.stderr
+    assert steps(run_dir) == [0, 1, 2]
+    config = stored_config(run_dir)
+    assert config["data_source"]["prompt_data"] == data and "path" not in config["data_source"]
+    assert f"data_source.prompt_data={data}" in json.loads((run_dir / RECORD_FILE).read_text())["overrides"]
+    # another file under the old spelling is a change of the experiment, refused as such
+    other = data.replace("math_train", "math_eval")
+    refused = cli(f"resume={run_dir}", "num_rollout=4", f"data_source.path={other}", ok=False)
+    assert f"data_source.prompt_data: '{data}' -> '{other}'" in refused.stderr
+
+
+@pytest.mark.timeout(300)
 def test_an_older_run_dir_without_a_record_resumes_from_its_hydra_files(first_run, tmp_path):
     run_dir = tmp_path / "run"
     os.system(f"cp -r {first_run} {run_dir}")

@@ -138,7 +138,7 @@ def test_pickle_payloads_are_refused_on_every_load_path(tmp_path):
     (tmp_path / "ck").mkdir()
     (tmp_path / "ck" / "rollout_0.json").write_bytes(payload)
     with pytest.raises(CheckpointError, match="rollout_0.json"):
-        PlainDataSource(path=str(data), n_samples_per_prompt=1, save_dir=tmp_path / "ck").load(0)
+        PlainDataSource(prompt_data=str(data), n_samples_per_prompt=1, save_dir=tmp_path / "ck").load(0)
     (tmp_path / "dump.jsonl").write_bytes(payload)
     with pytest.raises(Exception):
         read_samples(tmp_path / "dump.jsonl")
@@ -376,7 +376,7 @@ def test_cli_run_leaves_no_secret_in_any_file(tmp_path):
     run_dir = tmp_path / "run"
     # a function rollout does not build the engine: the openai engine's keys are only config here
     cmd = [sys.executable, "run.py", "engine=openai", "logger=wandb", "num_rollout=1", "rollout_batch_size=2",
-           "n_samples_per_prompt=2", "data_source.apply_chat_template=false", f"data_source.path={data}",
+           "n_samples_per_prompt=2", "data_source.apply_chat_template=false", f"data_source.prompt_data={data}",
            "rollout=function", "rollout.path=tests.test_bad_inputs_pipeline.good_rollout",
            "allowed_targets_extra=[tests.]", f"hydra.run.dir={run_dir}", f"engine.api_key={secrets[0]}",
            f"+engine.extra_body.Authorization={secrets[1]}", f"+hf_token={secrets[2]}"]

@@ -52,7 +52,7 @@ def test_engine_rollout_hooks_run_in_slimes_order_with_slimes_arguments(data, tm
         f"rollout_all_samples_process_path={HOOKS}all_samples_process",
         f"rollout_data_postprocess_path={HOOKS}rollout_data_postprocess",
         "dynamic_filter=nonzero_std", "eval=engine", "eval_interval=1",
-        f"eval.datasets.0.path={data / 'eval.jsonl'}", "eval.progress=false", "eval.summary=false",
+        f"eval.datasets.0.prompt_data={data / 'eval.jsonl'}", "eval.progress=false", "eval.summary=false",
         "reward=custom", f"reward.custom_rm_path={HOOKS}async_rm", "reward.rm_type=boxed_math",
     ])
     run, logs = tmp_path / "run", tmp_path / "hooks"
@@ -130,7 +130,7 @@ def test_custom_generates_get_evaluation_only_by_name(data, tmp_path):
     `evaluation`; one that names it gets True in eval and nothing else changes."""
     run_cli(common(data, tmp_path) + [
         f"rollout.custom_generate_path={HOOKS}generate_multi_turn", "eval=engine", "eval_interval=2",
-        f"eval.datasets.0.path={data / 'eval.jsonl'}", "eval.progress=false", "eval.summary=false",
+        f"eval.datasets.0.prompt_data={data / 'eval.jsonl'}", "eval.progress=false", "eval.summary=false",
         f"eval.custom_generate_path={HOOKS}generate_with_evaluation",
     ])
     run = tmp_path / "run"
@@ -182,7 +182,7 @@ def test_slime_sft_rollout_loads_hf_checkpoint_as_a_folder(tmp_path):
     (tmp_path / "hooks").mkdir()
     run_cli(["engine=scripted", "logger=jsonl", "allowed_targets_extra=[tests.]", "num_rollout=2",
              "rollout_batch_size=2", "n_samples_per_prompt=1", "advantage=none",
-             f"data_source.path={tmp_path / 'chat.jsonl'}", "data_source.input_key=messages",
+             f"data_source.prompt_data={tmp_path / 'chat.jsonl'}", "data_source.input_key=messages",
              "data_source.label_key=null", "data_source.apply_chat_template=false",
              "rollout=function", "rollout.path=tests.plugins.slime_sft.generate_rollout",
              "+loss_mask_type=prefix", f"+hook_log_dir={tmp_path / 'hooks'}", f"hydra.run.dir={tmp_path / 'run'}"],

@@ -34,18 +34,19 @@ def import_path(dotted: str, args: Any = None) -> Any:
 
 def kwargs_from_args(args: Any) -> dict[str, Any]:
     """Constructor keywords from a slime-style args namespace (missing names: slime's defaults)."""
+    # args is a user's slime namespace here, which may lack any of these names: slime's defaults apply
     get = lambda name, default=None: getattr(args, name, default)  # noqa: E731
     # slime's --disable-rollout-global-dataset (rollout_global_dataset=False): no prompt file
-    path = get("prompt_data") if get("rollout_global_dataset", True) else None
+    prompt_data = get("prompt_data") if get("rollout_global_dataset", True) else None
     apply_ct = bool(get("apply_chat_template", False))
     max_len = get("rollout_max_prompt_len")
-    tokenizer = tokenizer_from_args(args) if path and (apply_ct or max_len is not None) else None
+    tokenizer = tokenizer_from_args(args) if prompt_data and (apply_ct or max_len is not None) else None
     kwargs = get("apply_chat_template_kwargs") or {}
     if isinstance(kwargs, str):
         kwargs = json.loads(kwargs)
     save, load = get("save"), get("load")
     return {
-        "path": path, "n_samples_per_prompt": get("n_samples_per_prompt"),
+        "prompt_data": prompt_data, "n_samples_per_prompt": get("n_samples_per_prompt"),
         "seed": get("rollout_seed", 42), "shuffle": bool(get("rollout_shuffle", False)),
         "input_key": get("input_key", "input"), "label_key": get("label_key"),
         "metadata_key": get("metadata_key", "metadata"), "tool_key": get("tool_key", "tools"),

@@ -51,12 +51,12 @@ _FAST_INIT = _FRESH_FIELDS == {"tokens", "apply_chat_template_kwargs", "weight_v
 _TEMPLATE = dict(Sample().__dict__)
 
 
-def _slime_form(slime_args: Any, path: Any, n_samples_per_prompt: Any, args: Any) -> Any:
+def _slime_form(slime_args: Any, prompt_data: Any, n_samples_per_prompt: Any, args: Any) -> Any:
     """The slime args namespace when a source is built slime's way (`cls(args)`, or
-    `cls(args=args)` without path and n_samples_per_prompt), else None."""
+    `cls(args=args)` without prompt_data and n_samples_per_prompt), else None."""
     if slime_args is not None:
         return slime_args
-    return args if args is not None and path is None and n_samples_per_prompt is None else None
+    return args if args is not None and prompt_data is None and n_samples_per_prompt is None else None
 
 
 def _copies(obj: Any, n: int) -> list[Any]:
@@ -112,10 +112,10 @@ class PlainDataSource(CheckpointMixin):
 
     Build it from keywords (Hydra: `conf/data_source/plain.yaml`) or, as slime's RolloutManager
     builds `--data-source-path`, from a slime args namespace alone: `PlainDataSource(args)`,
-    `PlainDataSource(args=args)` (args given, neither path nor n_samples_per_prompt) or
+    `PlainDataSource(args=args)` (args given, neither prompt_data nor n_samples_per_prompt) or
     `PlainDataSource.from_args(args)`; then `tokenizer`, `save_dir` and `load_dir` keywords still
     apply, and `args.save` / `args.load` give `<save>/rollout` / `<load>/rollout`.
-    `path` (`file@[a:b]` slices allowed), the keys and `max_prompt_len` define the prompts
+    `prompt_data` (the prompt file, slime's name; `file@[a:b]` slices allowed), the keys and `max_prompt_len` define the prompts
     (see `PromptDataset`); `seed`/`shuffle` the epoch order (docs/contracts.md §3); `save_dir`/`load_dir`,
     `keep_checkpoints` and `allow_data_change` the checkpoints (docs/contracts.md §5). `tokenizer` is a HF
     tokenizer folder or object; without one, `args.hf_checkpoint` is used when needed.
@@ -132,7 +132,7 @@ class PlainDataSource(CheckpointMixin):
         slime_args: Any = None,
         /,
         *,
-        path: str | None = None,
+        prompt_data: str | None = None,
         n_samples_per_prompt: int | None = None,
         seed: int = 42,
         shuffle: bool = True,
@@ -152,7 +152,7 @@ class PlainDataSource(CheckpointMixin):
         allow_data_change: bool = False,
         args: Any = None,
     ) -> None:
-        slime_args = _slime_form(slime_args, path, n_samples_per_prompt, args)
+        slime_args = _slime_form(slime_args, prompt_data, n_samples_per_prompt, args)
         if slime_args is not None:  # slime style: DataSource(args) / DataSource(args=args)
             kwargs = kwargs_from_args(slime_args)
             kwargs.pop("buffer_filter_path")
@@ -160,9 +160,9 @@ class PlainDataSource(CheckpointMixin):
             kwargs.update({k: v for k, v in given.items() if v is not None})
             PlainDataSource.__init__(self, **kwargs, args=slime_args)
             return
-        if not path and not self.buffer_only_ok:
-            raise DataError("data source: path (slime: prompt_data) is required; without a prompt file use "
-                            "the buffered source (data_source=buffered data_source.path=null: buffer-only, "
+        if not prompt_data and not self.buffer_only_ok:
+            raise DataError("data source: prompt_data is required; without a prompt file use "
+                            "the buffered source (data_source=buffered data_source.prompt_data=null: buffer-only, "
                             "slime's --disable-rollout-global-dataset)")
         if isinstance(n_samples_per_prompt, bool) or not isinstance(n_samples_per_prompt, int) \
                 or n_samples_per_prompt < 1:
@@ -175,11 +175,11 @@ class PlainDataSource(CheckpointMixin):
             tokenizer = tokenizer_from_args(args)  # no engine tokenizer injected: use hf_checkpoint
         # None: buffer-only (no prompt file)
         self.dataset: PromptDataset | None = PromptDataset(
-            path, input_key=input_key, label_key=label_key, metadata_key=metadata_key,
+            prompt_data, input_key=input_key, label_key=label_key, metadata_key=metadata_key,
             tool_key=tool_key, apply_chat_template=apply_chat_template,
             apply_chat_template_kwargs=apply_chat_template_kwargs, tokenizer=tokenizer,
             max_prompt_len=max_prompt_len, skip_bad_rows=skip_bad_rows, cache_dir=cache_dir,
-        ) if path else None
+        ) if prompt_data else None
         self.n_samples_per_prompt = n_samples_per_prompt
         self.seed, self.shuffle = seed, bool(shuffle)
         self.save_dir = save_dir
@@ -188,7 +188,7 @@ class PlainDataSource(CheckpointMixin):
         self.allow_data_change = allow_data_change
         self.args = args if args is not None else SimpleNamespace(
             n_samples_per_prompt=n_samples_per_prompt, rollout_seed=seed, rollout_shuffle=self.shuffle,
-            prompt_data=path, reward_key=None)
+            prompt_data=prompt_data, reward_key=None)
         self._order = EpochOrder(len(self), seed, self.shuffle, ArrayCache(cache_dir, "epoch_order")) \
             if self.dataset is not None else None
         self.epoch_id = 0
@@ -305,7 +305,7 @@ class PlainDataSource(CheckpointMixin):
 class BufferedDataSource(PlainDataSource):
     """A data source with a buffer of groups that the buffer filter serves first.
 
-    Without `path` (slime: prompt_data unset, or `rollout_global_dataset=False`) it is
+    Without `prompt_data` (unset, or slime's `rollout_global_dataset=False`) it is
     buffer-only: no prompt file, groups come from `add_samples`, and when the buffer runs short
     `get_samples` tops up with empty samples (fresh indices) for the rollout function to fill.
     Its checkpoints hold the buffer as well (slime saves nothing in that mode).
@@ -316,7 +316,7 @@ class BufferedDataSource(PlainDataSource):
 
     def __init__(self, slime_args: Any = None, /, *, buffer_filter: Callable[..., Any] | str | None = None,
                  **kwargs: Any) -> None:
-        form = _slime_form(slime_args, kwargs.get("path"), kwargs.get("n_samples_per_prompt"), kwargs.get("args"))
+        form = _slime_form(slime_args, kwargs.get("prompt_data"), kwargs.get("n_samples_per_prompt"), kwargs.get("args"))
         if form is not None and buffer_filter is None:
             buffer_filter = getattr(form, "buffer_filter_path", None)
         super().__init__(slime_args, **kwargs)

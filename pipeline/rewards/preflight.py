@@ -27,16 +27,16 @@ def _prompt_files(cfg: dict[str, Any]) -> list[tuple[str, str, Any, bool]]:
     ds = ds if isinstance(ds, dict) else {}
     metadata_key = ds.get("metadata_key", "metadata")
     files: list[tuple[str, str, Any, bool]] = []
-    paths = ds.get("path")
+    paths = ds.get("prompt_data")
     for p in paths if isinstance(paths, list) else [paths]:
         if isinstance(p, str) and p:
-            files.append(("data_source.path", p, metadata_key, True))
+            files.append(("data_source.prompt_data", p, metadata_key, True))
     ev = cfg.get("eval")
     datasets = ev.get("datasets") if isinstance(ev, dict) else None
     for i, d in enumerate(datasets if isinstance(datasets, list) else []):
-        if isinstance(d, dict) and isinstance(d.get("path"), str):
+        if isinstance(d, dict) and isinstance(d.get("prompt_data"), str):
             key = d.get("metadata_key") or metadata_key
-            files.append((f"eval.datasets[{i}].path", d["path"], key, False))
+            files.append((f"eval.datasets[{i}].prompt_data", d["prompt_data"], key, False))
     return files
 
 

@@ -1,6 +1,6 @@
 """Eval with an engine: every prompt of each configured dataset, n samples each (docs/contracts.md §6).
 
-`EngineEval` is built from `conf/eval/engine.yaml` (datasets with name, path, keys,
+`EngineEval` is built from `conf/eval/engine.yaml` (datasets with name, prompt_data, keys,
 `n_samples_per_eval_prompt` and sampling overrides) or, from inside `EngineRollout`, from slime's
 `args.eval_prompt_data`. It returns `RolloutFnEvalOutput` with
 `{name: {"rewards", "truncated", "samples"}}` (samples sorted by index, rewards read with
@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 
 # keys a dataset entry may carry; a missing / null one falls back to the run's value
 EVAL_DATASET_KEYS = (
-    "name", "path", "input_key", "label_key", "metadata_key", "tool_key", "apply_chat_template",
+    "name", "prompt_data", "input_key", "label_key", "metadata_key", "tool_key", "apply_chat_template",
     "apply_chat_template_kwargs", "max_prompt_len", "n_samples_per_eval_prompt", "temperature",
     "top_p", "top_k", "max_response_len", "stop",
 )
@@ -84,7 +84,7 @@ class EngineEval:
         if engine is None:
             raise ValueError("eval=engine needs an engine (config group engine/)")
         if not datasets:
-            raise ValueError("eval.datasets: expected at least one {name, path} entry")
+            raise ValueError("eval.datasets: expected at least one {name, prompt_data} entry")
         self.datasets = [self._check_dataset(i, d) for i, d in enumerate(datasets)]
         self.engine = engine
         self.reward = reward
@@ -100,8 +100,11 @@ class EngineEval:
 
     @staticmethod
     def _check_dataset(i: int, d: Any) -> dict[str, Any]:
-        if not isinstance(d, dict) or "name" not in d or "path" not in d:
-            raise ValueError(f"eval.datasets[{i}]: expected a mapping with name and path, got {d!r}")
+        if isinstance(d, dict) and "path" in d and "prompt_data" not in d:  # the earlier spelling
+            logger.warning("eval.datasets[%d].path is deprecated: the prompt file key is prompt_data", i)
+            d = {("prompt_data" if k == "path" else k): v for k, v in d.items()}
+        if not isinstance(d, dict) or "name" not in d or "prompt_data" not in d:
+            raise ValueError(f"eval.datasets[{i}]: expected a mapping with name and prompt_data, got {d!r}")
         unknown = sorted(set(d) - set(EVAL_DATASET_KEYS))
         if unknown:
             raise ValueError(f"eval.datasets[{i}] ({d['name']}): unknown keys {unknown}; "
@@ -115,7 +118,7 @@ class EngineEval:
         if not flat or len(flat) % 2:
             raise ValueError("evaluation requested but no eval datasets are configured: set eval=engine "
                              f"(conf/eval/engine.yaml) or args.eval_prompt_data; got {flat!r}")
-        datasets = [{"name": flat[i], "path": flat[i + 1]} for i in range(0, len(flat), 2)]
+        datasets = [{"name": flat[i], "prompt_data": flat[i + 1]} for i in range(0, len(flat), 2)]
         return cls(datasets=datasets, **parts)
 
     def __call__(self, args: Any, rollout_id: int, data_source: Any = None,
@@ -149,7 +152,7 @@ class EngineEval:
         n = int(self._value(args, spec, "n_samples_per_eval_prompt", "n_samples_per_eval_prompt") or 1)
         kwargs = {key: self._value(args, spec, key, key) for key in _SOURCE_KEYS}
         kwargs = {k: v for k, v in kwargs.items() if v is not None}
-        dataset = PromptDataset(spec["path"], tokenizer=self.tokenizer, max_prompt_len=spec.get("max_prompt_len"),
+        dataset = PromptDataset(spec["prompt_data"], tokenizer=self.tokenizer, max_prompt_len=spec.get("max_prompt_len"),
                                 **kwargs)
         return prompt_groups(dataset, np.arange(len(dataset)), n)
 

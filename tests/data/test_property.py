@@ -41,7 +41,7 @@ def snapshot(groups: list[list[Any]]) -> list[list[dict[str, Any]]]:
 def run(path: str, seed: int, n: int, shuffle: bool, filt: str, ops: list[tuple[str, int]],
         save_dir: Path | None) -> tuple[list[Any], list[Any]]:
     def make() -> BufferedDataSource:
-        return BufferedDataSource(path=path, n_samples_per_prompt=n, seed=seed, shuffle=shuffle,
+        return BufferedDataSource(prompt_data=path, n_samples_per_prompt=n, seed=seed, shuffle=shuffle,
                                   save_dir=save_dir, buffer_filter=FILTERS[filt]())
 
     src = make()

@@ -163,7 +163,7 @@ def test_the_slime_forms_build_the_same_source(tmp_path: Path) -> None:
     assert picks[0] == picks[1] == picks[2] and len(picks[0]) == 12
     assert a.buffer_filter is b.buffer_filter is c.buffer_filter
     assert a.buffer_filter.__name__ == "reward_topk" and len(a) == 5 and a.args is args
-    with pytest.raises(DataError, match="path .* is required; without a prompt file use the buffered source"):
+    with pytest.raises(DataError, match="prompt_data is required; without a prompt file use the buffered source"):
         from pipeline import PlainDataSource
 
         PlainDataSource(args=slime_args("--rollout-batch-size", "1"))

@@ -50,7 +50,7 @@ def overrides(data: Path, num_rollout: int, deterministic: bool, dynamic_filter:
     """The CLI overrides of a harness run (scripted engine, buffered source, partial rollout)."""
     return [
         "engine=scripted", f"engine.token_delay={token_delay}", f"engine.token_delay_jitter={token_delay}",
-        "data_source=buffered", f"data_source.path={data}", "data_source.label_key=label",
+        "data_source=buffered", f"data_source.prompt_data={data}", "data_source.label_key=label",
         f"dynamic_filter={dynamic_filter}", "partial_rollout=true", "save_interval=1",
         "rollout_batch_size=3", "over_sampling_batch_size=5", "n_samples_per_prompt=3",
         "rollout_max_response_len=64", f"num_rollout={num_rollout}", "logger=jsonl",
@@ -139,7 +139,7 @@ def load_source(run_dir: Path, data: Path, n: int, rollout_id: int | None = None
 
     from pipeline.data.sources import BufferedDataSource
 
-    src = BufferedDataSource(path=str(data), n_samples_per_prompt=n, label_key="label", allow_data_change=True,
+    src = BufferedDataSource(prompt_data=str(data), n_samples_per_prompt=n, label_key="label", allow_data_change=True,
                              save_dir=str(run_dir / "checkpoints"))
     log = logging.getLogger("pipeline.data.persistence")
     level, log.level = log.level, logging.ERROR

@@ -22,7 +22,7 @@ def test_one_and_two_ray_replicas_give_identical_dumps(tmp_path):
     data = harness.write_prompts(tmp_path / "p.jsonl", 8)
     common = [
         "engine=ray", "engine.num_cpus=2", "engine.threads_per_replica=1", "data_source=buffered",
-        f"data_source.path={data}", "data_source.label_key=label", "data_source.apply_chat_template=true",
+        f"data_source.prompt_data={data}", "data_source.label_key=label", "data_source.apply_chat_template=true",
         "rollout_batch_size=2", "over_sampling_batch_size=3", "n_samples_per_prompt=2",
         "rollout_max_response_len=8", "num_rollout=2", "partial_rollout=true", "logger=jsonl",
         "rollout.progress=false", "rollout.summary=false", "rollout.deterministic=true",

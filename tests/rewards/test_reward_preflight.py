@@ -34,7 +34,7 @@ def _jsonl(path: Path, rows: list[dict], extra_lines: str = "") -> Path:
 
 
 def _cfg(tmp_path: Path, data: Path, *overrides: str):
-    base = [f"paths.output_dir={tmp_path}/out", f"data_source.path={data}", f"paths.cache_dir={tmp_path}/cache",
+    base = [f"paths.output_dir={tmp_path}/out", f"data_source.prompt_data={data}", f"paths.cache_dir={tmp_path}/cache",
             "engine=scripted", "logger=jsonl"]
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return compose(config_name="config", overrides=base + list(overrides))
@@ -87,7 +87,7 @@ def test_unknown_global_rm_type_lists_the_known_ones(tmp_path: Path) -> None:
 
 def test_unknown_rm_type_in_a_row_names_the_line(tmp_path: Path) -> None:
     data = _jsonl(tmp_path / "d.jsonl", _rows(["math", "math", "boxed_gsm8k", "f1"]))
-    with pytest.raises(ConfigError, match=rf"data_source.path: {data} line 3: metadata\[\"rm_type\"\]: "
+    with pytest.raises(ConfigError, match=rf"data_source.prompt_data: {data} line 3: metadata\[\"rm_type\"\]: "
                                           r"unknown rm_type 'boxed_gsm8k'; known: math"):
         validate(_cfg(tmp_path, data))
     validate(_cfg(tmp_path, data, "reward=custom", "reward.custom_rm_path=examples.reward.brevity_math",
@@ -99,8 +99,8 @@ def test_unknown_rm_type_in_a_row_names_the_line(tmp_path: Path) -> None:
 def test_eval_rows_are_checked_too(tmp_path: Path) -> None:
     data = _jsonl(tmp_path / "d.jsonl", _rows(["math"]))
     evals = _jsonl(tmp_path / "e.jsonl", _rows([None, "nope"]))
-    with pytest.raises(ConfigError, match=rf"eval.datasets\[0\].path: {evals} line 2: .*unknown rm_type 'nope'"):
-        validate(_cfg(tmp_path, data, "eval=engine", "eval_interval=1", f"eval.datasets.0.path={evals}"))
+    with pytest.raises(ConfigError, match=rf"eval.datasets\[0\].prompt_data: {evals} line 2: .*unknown rm_type 'nope'"):
+        validate(_cfg(tmp_path, data, "eval=engine", "eval_interval=1", f"eval.datasets.0.prompt_data={evals}"))
 
 
 def test_rows_without_rm_type_need_a_global_one(tmp_path: Path) -> None:

@@ -37,7 +37,7 @@ def _cli(args: list[str]) -> subprocess.CompletedProcess:
 def test_rows_pick_their_own_rm_type(tmp_path: Path) -> None:
     data = _data(tmp_path / "mixed.jsonl", TYPES * 2)
     run_dir = tmp_path / "run"
-    proc = _cli(["engine=scripted", "engine.correct_rate=1.0", "logger=jsonl", f"data_source.path={data}",
+    proc = _cli(["engine=scripted", "engine.correct_rate=1.0", "logger=jsonl", f"data_source.prompt_data={data}",
                  "rollout_batch_size=6", "n_samples_per_prompt=2", "num_rollout=2", "rollout_max_response_len=256",
                  "rollout.progress=false",
                  "rollout.summary=false", f"hydra.run.dir={run_dir}"])
@@ -61,7 +61,7 @@ def test_rows_pick_their_own_rm_type(tmp_path: Path) -> None:
 def test_unknown_rm_type_in_a_row_stops_at_pre_flight(tmp_path: Path) -> None:
     data = _data(tmp_path / "bad.jsonl", ["math", "f1", "gsm8k", "math"])
     run_dir = tmp_path / "run"
-    proc = _cli([f"data_source.path={data}", "logger=jsonl", f"hydra.run.dir={run_dir}"])  # the real hf engine
+    proc = _cli([f"data_source.prompt_data={data}", "logger=jsonl", f"hydra.run.dir={run_dir}"])  # the real hf engine
     assert proc.returncode != 0
     assert "invalid configuration" in proc.stderr                   # validate(), before anything is built
     assert f"{data} line 3" in proc.stderr and "unknown rm_type 'gsm8k'" in proc.stderr
@@ -77,7 +77,7 @@ def test_rows_pick_their_own_rm_type_with_the_real_model(tmp_path: Path) -> None
 
     data = _data(tmp_path / "mixed.jsonl", ["math", "f1", "gpqa", "boxed_math"])
     run_dir = tmp_path / "run"
-    proc = _cli(["logger=jsonl", f"data_source.path={data}", "data_source.shuffle=false", "rollout_batch_size=4",
+    proc = _cli(["logger=jsonl", f"data_source.prompt_data={data}", "data_source.shuffle=false", "rollout_batch_size=4",
                  "n_samples_per_prompt=2", "num_rollout=1", "rollout_max_response_len=24", "rollout.progress=false",
                  "rollout.summary=false", f"hydra.run.dir={run_dir}"])
     assert proc.returncode == 0, proc.stderr[-4000:]

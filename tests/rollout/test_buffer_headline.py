@@ -105,7 +105,7 @@ def test_console_line_shows_the_buffer_traffic_and_the_default_line_is_unchanged
 def test_headline_command_fills_the_buffer_and_serves_it(tmp_path):
     data = tmp_path / "d.jsonl"
     data.write_text("".join(json.dumps({"input": f"What is {i} + 3?", "label": str(i + 3)}) + "\n" for i in range(40)))
-    cfg = compose_cfg(*HEADLINE, f"paths.output_dir={tmp_path}/run", f"data_source.path={data}", "engine=scripted",
+    cfg = compose_cfg(*HEADLINE, f"paths.output_dir={tmp_path}/run", f"data_source.prompt_data={data}", "engine=scripted",
                       "logger=jsonl", "num_rollout=4", "rollout.progress=false", "data_source.apply_chat_template=false",
                       "engine.token_delay=0.002")
     run(cfg)

@@ -24,13 +24,16 @@ def test_pass_at_k_estimator():
         pass_at_k(2, 1, 3)
 
 
-def test_eval_output_and_metrics(tmp_path, tokenizer):
+def test_eval_output_and_metrics(tmp_path, tokenizer, caplog):
     path = write_prompts(tmp_path / "eval.jsonl", 6, seed=7)
+    # the second dataset uses the earlier spelling of the prompt file key: read, with a warning
     ev = EngineEval(engine=ScriptedEngine(), reward=BoxedReward(), tokenizer=tokenizer, progress=False,
-                    datasets=[{"name": "arith", "path": str(path), "label_key": "label",
+                    datasets=[{"name": "arith", "prompt_data": str(path), "label_key": "label",
                                "n_samples_per_eval_prompt": 4},
                               {"name": "short", "path": str(path), "label_key": "label",
                                "max_response_len": 8}])
+    assert "eval.datasets[1].path is deprecated: the prompt file key is prompt_data" in caplog.text
+    assert "eval.datasets[0].path" not in caplog.text
     out = ev(make_args(), 3, None)
     assert isinstance(out, RolloutFnEvalOutput)
     d = out.data["arith"]
@@ -72,4 +75,4 @@ def test_eval_needs_datasets(make_rollout):
     with pytest.raises(ValueError, match="eval"):
         make_rollout()(make_args(eval_prompt_data=None), 0, None, evaluation=True)
     with pytest.raises(ValueError, match="unknown keys"):
-        EngineEval(engine=ScriptedEngine(), datasets=[{"name": "x", "path": "p", "temprature": 1}])
+        EngineEval(engine=ScriptedEngine(), datasets=[{"name": "x", "prompt_data": "p", "temprature": 1}])

@@ -40,7 +40,7 @@ def test_hf_rollout_end_to_end_with_partial_continuation(tmp_path):
     try:
         engine.start()
         tok = engine.tokenizer
-        src = BufferedDataSource(path=str(write_prompts(tmp_path / "p.jsonl", 16)), n_samples_per_prompt=2,
+        src = BufferedDataSource(prompt_data=str(write_prompts(tmp_path / "p.jsonl", 16)), n_samples_per_prompt=2,
                                  shuffle=False, label_key="label", apply_chat_template=True, tokenizer=tok)
         rollout = EngineRollout(engine=engine, reward=RewardDispatcher(rm_type="math"), progress=False)
         args = make_args(rollout_batch_size=1, n_samples_per_prompt=2, over_sampling_batch_size=2,
