@@ -74,7 +74,7 @@ def child(phase: str, data: str, tokenizer: str, cache: str, max_len: int) -> di
     t0, c0 = time.perf_counter(), _cpu()
     cls = BufferedDataSource if phase == "checkpoint" else PlainDataSource
     src = cls(prompt_data=data, n_samples_per_prompt=8, seed=42, tokenizer=tokenizer, max_prompt_len=max_len,
-              cache_dir=cache, save_dir=str(Path(cache) / "ckpt"))
+              cache_dir=cache, save_dir=str(Path(cache) / "ckpt"), label_key=None, apply_chat_template=False)
     out["start_s"], out["start_cpu_s"] = time.perf_counter() - t0, _cpu() - c0
     out["prompts"] = len(src)
     out["too_long"] = src.dataset.too_long
@@ -107,7 +107,7 @@ def child(phase: str, data: str, tokenizer: str, cache: str, max_len: int) -> di
         out["save_s"], out["save_cpu_s"] = time.perf_counter() - t0, _cpu() - c0
         out["checkpoint_mb"] = path.stat().st_size / 1e6
         fresh = BufferedDataSource(prompt_data=data, n_samples_per_prompt=8, seed=42, tokenizer=tokenizer,
-                                   max_prompt_len=max_len, cache_dir=cache, save_dir=str(Path(cache) / "ckpt"))
+                                   max_prompt_len=max_len, cache_dir=cache, save_dir=str(Path(cache) / "ckpt"), label_key=None, apply_chat_template=False)
         t0, c0 = time.perf_counter(), _cpu()
         assert fresh.load() == 3 and fresh.get_buffer_length() == 10_000
         out["load_s"], out["load_cpu_s"] = time.perf_counter() - t0, _cpu() - c0

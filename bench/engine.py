@@ -190,7 +190,7 @@ def bench_over_sampling(correct_rate: float, rollouts: int = 6) -> list[tuple[st
                                     dynamic_filter=check_reward_nonzero_std, over_sampling=mode,
                                     progress=False, summary=False)
             cls = BufferedDataSource if buffered else PlainDataSource
-            src = cls(prompt_data=str(data), n_samples_per_prompt=4, shuffle=False, label_key="label")
+            src = cls(prompt_data=str(data), n_samples_per_prompt=4, shuffle=False, label_key="label", apply_chat_template=False)
             args = _args(rollout_batch_size=8, n_samples_per_prompt=4, over_sampling_batch_size=osb,
                          rollout_max_response_len=256)
             tokens = fetched = rounds = 0

@@ -93,7 +93,7 @@ class Sample:
     # ------------------------------------------------------------------ reward
     def get_reward_value(self, args: Any) -> Any:
         """The raw reward, or `reward[args.reward_key]` when a reward key is set."""
-        key = getattr(args, "reward_key", None) if args is not None else None
+        key = args.reward_key if args is not None else None
         if key:
             if not isinstance(self.reward, dict):
                 raise ValueError(
@@ -202,6 +202,7 @@ class Sample:
 
     def _fold_terminal_info(self, args: Any, meta: dict[str, Any]) -> None:
         """Status, weight version and counters of an engine answer that finished a call."""
+        # a slime flag this config lacks unless set with +sglang_speculative_algorithm: getattr
         if getattr(args, "sglang_speculative_algorithm", None) or any(k in meta for k in SPEC_KEYS):
             self.spec_info.add(meta)
         if "cached_tokens" in meta or "prompt_tokens" in meta:

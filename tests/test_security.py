@@ -138,7 +138,7 @@ def test_pickle_payloads_are_refused_on_every_load_path(tmp_path):
     (tmp_path / "ck").mkdir()
     (tmp_path / "ck" / "rollout_0.json").write_bytes(payload)
     with pytest.raises(CheckpointError, match="rollout_0.json"):
-        PlainDataSource(prompt_data=str(data), n_samples_per_prompt=1, save_dir=tmp_path / "ck").load(0)
+        PlainDataSource(prompt_data=str(data), n_samples_per_prompt=1, save_dir=tmp_path / "ck", label_key=None, apply_chat_template=False).load(0)
     (tmp_path / "dump.jsonl").write_bytes(payload)
     with pytest.raises(Exception):
         read_samples(tmp_path / "dump.jsonl")

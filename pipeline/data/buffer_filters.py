@@ -72,7 +72,9 @@ class OldestFirst:
 
     plugin_requires = NEEDS_BUFFER
 
-    def __init__(self, max_staleness: int | None = None) -> None:
+    # the default is conf/filter/oldest_first.yaml's, for slime's form: `buffer_filter_path` names
+    # the class and the data source builds it without arguments
+    def __init__(self, max_staleness: int | None = 2) -> None:
         if max_staleness is not None and (not isinstance(max_staleness, int) or max_staleness < 0):
             raise ValueError(f"oldest_first: max_staleness must be a non-negative int or None, got {max_staleness!r}")
         self.max_staleness = max_staleness

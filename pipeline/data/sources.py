@@ -120,6 +120,7 @@ class PlainDataSource(CheckpointMixin):
     `keep_checkpoints` and `allow_data_change` the checkpoints (docs/contracts.md §5). `tokenizer` is a HF
     tokenizer folder or object; without one, `args.hf_checkpoint` is used when needed.
     `args` is what buffer filters receive (a slime-named namespace is made when absent).
+    The keyword defaults are `conf/data_source/plain.yaml`'s (a slime-form build reads args instead).
     """
 
     buffer_only_ok = False  # the plain source needs a prompt file
@@ -137,10 +138,10 @@ class PlainDataSource(CheckpointMixin):
         seed: int = 42,
         shuffle: bool = True,
         input_key: str = "input",
-        label_key: str | None = None,
+        label_key: str | None = "label",
         metadata_key: str | None = "metadata",
         tool_key: str | None = "tools",
-        apply_chat_template: bool = False,
+        apply_chat_template: bool = True,
         apply_chat_template_kwargs: dict[str, Any] | None = None,
         tokenizer: Any = None,
         max_prompt_len: int | None = None,

@@ -216,7 +216,8 @@ def grading_label(sample: Any, label_field: str | None, reward: str) -> str | in
 
 
 def _arg(args: Any, name: str, default: Any) -> Any:
-    """`args.name` when the namespace has it (SlimeArgs raises on unknown names)."""
+    """`args.name` when the namespace has it (SlimeArgs raises on unknown names): the dispatcher also
+    grades for slime itself (a custom_rm_path), whose args lack this config's keys."""
     if args is None:
         return default
     try:

@@ -42,6 +42,9 @@ EVAL_DATASET_KEYS = (
     "apply_chat_template_kwargs", "max_prompt_len", "n_samples_per_eval_prompt", "temperature",
     "top_p", "top_k", "max_response_len", "stop",
 )
+# the prompt-reading keys of a dataset entry; one neither the entry nor args set keeps
+# PromptDataset's default, slime's (args lacks them with data_source=slime, which reads them from
+# +input_key etc., or with a slime driver's args)
 _SOURCE_KEYS = ("input_key", "label_key", "metadata_key", "tool_key", "apply_chat_template",
                 "apply_chat_template_kwargs")
 
@@ -114,7 +117,7 @@ class EngineEval:
     @classmethod
     def from_args(cls, args: Any, **parts: Any) -> EngineEval:
         """Datasets from slime's flat `args.eval_prompt_data = [name1, path1, name2, path2, ...]`."""
-        flat = getattr(args, "eval_prompt_data", None)
+        flat = args.eval_prompt_data
         if not flat or len(flat) % 2:
             raise ValueError("evaluation requested but no eval datasets are configured: set eval=engine "
                              f"(conf/eval/engine.yaml) or args.eval_prompt_data; got {flat!r}")
@@ -146,6 +149,7 @@ class EngineEval:
 
     def _value(self, args: Any, spec: dict[str, Any], key: str, arg_name: str) -> Any:
         value = spec.get(key)
+        # args may lack the data-source names (see _SOURCE_KEYS): getattr, not attribute access
         return value if value is not None else getattr(args, arg_name, None)
 
     def _load(self, args: Any, spec: dict[str, Any]) -> list[list[Sample]]:
@@ -203,7 +207,7 @@ class EngineEval:
         return sorted(samples, key=lambda s: (s.index if s.index is not None else -1))
 
     def _collect(self, args: Any, samples: list[Sample]) -> dict[str, Any]:
-        key = getattr(args, "eval_reward_key", None) or getattr(args, "reward_key", None)
+        key = args.eval_reward_key or args.reward_key
         rewards = []
         for s in samples:
             r = s.reward

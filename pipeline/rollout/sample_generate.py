@@ -96,8 +96,8 @@ def sampling_params_from_args(args: Any, overrides: dict | None = None) -> dict:
         "top_p": args.rollout_top_p,
         "top_k": args.rollout_top_k,
         "max_new_tokens": args.rollout_max_response_len,
-        "stop": list(getattr(args, "rollout_stop", None) or []),
-        "stop_token_ids": list(getattr(args, "rollout_stop_token_ids", None) or []),
+        "stop": list(args.rollout_stop or []),
+        "stop_token_ids": list(args.rollout_stop_token_ids or []),
         "skip_special_tokens": True,
         "no_stop_trim": True,
         "spaces_between_special_tokens": False,
@@ -192,7 +192,7 @@ async def default_generate(
     continued = sample.response_length > 0
     if continued:
         ctx.continued_samples += 1
-        if getattr(args, "mask_offpolicy_in_partial_rollout", False):
+        if args.mask_offpolicy_in_partial_rollout:
             sample.loss_mask = [0] * sample.response_length
     params = to_engine_params({**sampling_params, "max_new_tokens": budget})
     if ctx.batch_invariant:

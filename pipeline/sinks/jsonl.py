@@ -63,8 +63,8 @@ def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 class ConsoleSink:
     """The `logger=jsonl` choice: no external service; one log line per step."""
 
-    def __init__(self, keys: list[str] | None = None) -> None:
-        # metric keys shown per step (None: every key)
+    def __init__(self, *, keys: list[str] | None) -> None:
+        # metric keys shown per step (None: every key); conf/logger/jsonl.yaml sets them
         self.keys = keys
 
     def start(self, **_: Any) -> None:

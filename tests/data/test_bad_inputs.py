@@ -24,7 +24,7 @@ def jsonl(tmp: Path, text: str) -> str:
 
 
 def src(path: str, **kw: Any) -> PlainDataSource:
-    return PlainDataSource(prompt_data=path, **{"n_samples_per_prompt": 2, **kw})
+    return PlainDataSource(prompt_data=path, **{"n_samples_per_prompt": 2, "label_key": None, "apply_chat_template": False, **kw})
 
 
 def _parquet_null(tmp: Path) -> None:
@@ -54,7 +54,7 @@ def _truncated(tmp: Path) -> None:
 
 
 def _group_size(tmp: Path) -> None:
-    b = BufferedDataSource(prompt_data=write_jsonl(tmp / "d.jsonl", make_rows(3)), n_samples_per_prompt=2)
+    b = BufferedDataSource(prompt_data=write_jsonl(tmp / "d.jsonl", make_rows(3)), n_samples_per_prompt=2, label_key=None, apply_chat_template=False)
     b.add_samples([b.get_samples(1)[0][:1]])
 
 

@@ -106,7 +106,7 @@ def test_group_mean_reward_values():
 def test_oldest_first_serves_smallest_start_first_then_never_started_in_buffer_order():
     buf = [group("fresh1"), group("r3", start=(3, 3)), group("r1", start=(1, 1)), group("fresh2"),
            group("r0", start=(0, 0)), group("r2", start=(2, 2))]
-    filt = OldestFirst()
+    filt = OldestFirst(max_staleness=None)
     assert serve(filt, buf, 3, rollout_id=5) == (["r0", "r1", "r2"], ["fresh1", "r3", "fresh2"])
     assert serve(filt, buf, 3, rollout_id=5) == (["r3", "fresh1", "fresh2"], [])
     assert filt.dropped == 0
@@ -114,13 +114,13 @@ def test_oldest_first_serves_smallest_start_first_then_never_started_in_buffer_o
 
 def test_oldest_first_start_zero_is_older_than_one_and_ties_are_fifo():
     buf = [group("one", start=(1, 1)), group("zeroA", start=(0, 0)), group("fresh"), group("zeroB", start=(0, 0))]
-    assert serve(OldestFirst(), buf, 3, rollout_id=1) == (["zeroA", "zeroB", "one"], ["fresh"])
+    assert serve(OldestFirst(max_staleness=None), buf, 3, rollout_id=1) == (["zeroA", "zeroB", "one"], ["fresh"])
 
 
 def test_oldest_first_group_age_is_its_oldest_sample():
     # a group whose samples started at 4 and 1 is older than one that started at 2
     buf = [group("two", start=(2, 2)), group("mixed", start=(4, 1)), group("half", start=(None, 3))]
-    assert serve(OldestFirst(), buf, 3, rollout_id=4) == (["mixed", "two", "half"], [])
+    assert serve(OldestFirst(max_staleness=None), buf, 3, rollout_id=4) == (["mixed", "two", "half"], [])
 
 
 def made_by(tag: str, *versions: int | None, start: int | None = None) -> list[Sample]:
@@ -170,7 +170,7 @@ def test_oldest_first_counts_versions_not_rollouts():
 
 def test_oldest_first_without_bound_or_serving_version_drops_nothing():
     old = [made_by("a", 0, 0, start=0), made_by("b", 1, 1, start=1)]
-    assert serve_at(OldestFirst(), old, 2, version=10_000) == (["a", "b"], [])
+    assert serve_at(OldestFirst(max_staleness=None), old, 2, version=10_000) == (["a", "b"], [])
     filt = OldestFirst(max_staleness=0)
     buf = [made_by("a", 0, 0, start=0), made_by("b", 1, 1, start=1)]
     assert serve_at(filt, buf, 1, version=None) == (["a"], ["b"])  # outside a rollout

@@ -118,7 +118,8 @@ def test_a_prompt_shared_by_a_group_is_stored_once_yet_lossless(raw: bool) -> No
 
 
 def buffered(path: str, save_dir: Path, **kw: Any) -> BufferedDataSource:
-    return BufferedDataSource(prompt_data=path, n_samples_per_prompt=2, seed=5, save_dir=save_dir, **kw)
+    return BufferedDataSource(prompt_data=path, n_samples_per_prompt=2, seed=5, save_dir=save_dir,
+                              **{"label_key": None, "apply_chat_template": False, **kw})
 
 
 def test_round_trip_restores_everything(tmp_path: Path, data5: str) -> None:
@@ -178,29 +179,29 @@ def test_corruption_is_detected(tmp_path: Path, data5: str) -> None:
 
 def test_fingerprint_mismatch_is_refused_unless_allowed(tmp_path: Path) -> None:
     data = write_jsonl(tmp_path / "d.jsonl", make_rows(6))
-    src = PlainDataSource(prompt_data=data, n_samples_per_prompt=2, save_dir=tmp_path / "ck")
+    src = PlainDataSource(prompt_data=data, n_samples_per_prompt=2, save_dir=tmp_path / "ck", label_key=None, apply_chat_template=False)
     src.get_samples(3)
     src.save(1)
     write_jsonl(tmp_path / "d.jsonl", make_rows(4))
-    other = PlainDataSource(prompt_data=data, n_samples_per_prompt=3, save_dir=tmp_path / "ck")
+    other = PlainDataSource(prompt_data=data, n_samples_per_prompt=3, save_dir=tmp_path / "ck", label_key=None, apply_chat_template=False)
     with pytest.raises(DataFingerprintMismatch) as err:
         other.load()
     msg = str(err.value)
     assert "rollout_1.json was written for different data" in msg
     assert "files[0].sha256" in msg and "n_samples_per_prompt: checkpoint has 2, now 3" in msg
     assert "num_prompts: checkpoint has 6, now 4" in msg and "allow_data_change=true" in msg
-    lenient = PlainDataSource(prompt_data=data, n_samples_per_prompt=3, save_dir=tmp_path / "ck", allow_data_change=True)
+    lenient = PlainDataSource(prompt_data=data, n_samples_per_prompt=3, save_dir=tmp_path / "ck", allow_data_change=True, label_key=None, apply_chat_template=False)
     assert lenient.load() == 1 and lenient.sample_group_index == 3 and lenient.sample_offset == 3
 
 
 def test_moving_the_data_file_is_not_a_change(tmp_path: Path) -> None:
     a = write_jsonl(tmp_path / "a" / "d.jsonl", make_rows(3)) if (tmp_path / "a").mkdir() is None else ""
-    src = PlainDataSource(prompt_data=a, n_samples_per_prompt=1, save_dir=tmp_path / "ck")
+    src = PlainDataSource(prompt_data=a, n_samples_per_prompt=1, save_dir=tmp_path / "ck", label_key=None, apply_chat_template=False)
     src.get_samples(2)
     src.save(0)
     (tmp_path / "b").mkdir()
     b = write_jsonl(tmp_path / "b" / "d.jsonl", make_rows(3))
-    moved = PlainDataSource(prompt_data=b, n_samples_per_prompt=1, save_dir=tmp_path / "ck")
+    moved = PlainDataSource(prompt_data=b, n_samples_per_prompt=1, save_dir=tmp_path / "ck", label_key=None, apply_chat_template=False)
     assert moved.load() == 0 and moved.sample_offset == 2
 
 
@@ -279,7 +280,7 @@ def test_reads_a_slime_state_file(tmp_path: Path, data5: str) -> None:
 
     torch.save({"sample_offset": 3, "epoch_id": 2, "sample_group_index": 13, "sample_index": 26,
                 "metadata": {"k": 1}}, tmp_path / "global_dataset_state_dict_7.pt")
-    src = PlainDataSource(prompt_data=data5, n_samples_per_prompt=2, seed=42, load_dir=tmp_path)
+    src = PlainDataSource(prompt_data=data5, n_samples_per_prompt=2, seed=42, load_dir=tmp_path, label_key=None, apply_chat_template=False)
     assert src.load(7) == 7
     g = src.get_samples(1)[0]
     assert (g[0].group_index, g[0].index, src.epoch_id, src.metadata) == (13, 26, 2, {"k": 1})
@@ -310,10 +311,10 @@ def test_foreign_samples_are_checkpointed_by_shape(tmp_path: Path, data5: str) -
 
 
 def test_in_memory_state_round_trip_shares_nothing(data5: str) -> None:
-    src = BufferedDataSource(prompt_data=data5, n_samples_per_prompt=2)
+    src = BufferedDataSource(prompt_data=data5, n_samples_per_prompt=2, label_key=None, apply_chat_template=False)
     src.add_samples(src.get_samples(1))
     state = src.state_dict()
-    other = BufferedDataSource(prompt_data=data5, n_samples_per_prompt=2)
+    other = BufferedDataSource(prompt_data=data5, n_samples_per_prompt=2, label_key=None, apply_chat_template=False)
     other.load_state_dict(state)
     other.buffer[0][0].metadata["x"] = 1
     assert "x" not in src.buffer[0][0].metadata and other.state_dict()["buffer"] != state["buffer"]

@@ -34,7 +34,7 @@ CHILD = textwrap.dedent("""
                 print("mid-write", flush=True)
             time.sleep(pause)
 
-    src = BufferedDataSource(prompt_data=data, n_samples_per_prompt=4, seed=1, save_dir=save_dir, keep_checkpoints=2)
+    src = BufferedDataSource(prompt_data=data, n_samples_per_prompt=4, seed=1, save_dir=save_dir, keep_checkpoints=2, label_key=None, apply_chat_template=False)
     src.add_samples(src.get_samples(100))
     src.metadata["pad"] = "p" * 50_000  # a checkpoint of many 4 KiB chunks: the kill lands mid-file
     src.save(0)
@@ -82,7 +82,7 @@ def run_and_kill(tmp_path: Path, data: str, pause: float, kill_on: str, delay: f
 
 def check_loadable(tmp_path: Path, data: str, last: int) -> None:
     """The newest valid checkpoint is the last completed save, with its buffer intact."""
-    fresh = BufferedDataSource(prompt_data=data, n_samples_per_prompt=4, seed=1, save_dir=tmp_path / "ck")
+    fresh = BufferedDataSource(prompt_data=data, n_samples_per_prompt=4, seed=1, save_dir=tmp_path / "ck", label_key=None, apply_chat_template=False)
     loaded = fresh.load()
     assert loaded in (last, last + 1)  # the rename may have landed just before the kill
     assert fresh.metadata.get("rid", 0) == loaded and fresh.sample_group_index == 100
@@ -122,7 +122,7 @@ def test_next_save_removes_a_killed_writers_temp_file(tmp_path: Path) -> None:
     data = write_jsonl(tmp_path / "d.jsonl", make_rows(50))
     run_and_kill(tmp_path, data, pause=5.0, kill_on="mid-write", delay=0.05)
     assert list((tmp_path / "ck").glob(".rollout_*.tmp"))
-    src = BufferedDataSource(prompt_data=data, n_samples_per_prompt=4, seed=1, save_dir=tmp_path / "ck")
+    src = BufferedDataSource(prompt_data=data, n_samples_per_prompt=4, seed=1, save_dir=tmp_path / "ck", label_key=None, apply_chat_template=False)
     assert src.load() == 0
     src.save(1)
     assert not list((tmp_path / "ck").glob(".rollout_*.tmp"))

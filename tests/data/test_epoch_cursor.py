@@ -19,7 +19,8 @@ pytestmark = pytest.mark.timeout(20)
 def source(tmp_path: Path, n_rows: int, **kw) -> PlainDataSource:
     path = tmp_path / "d.jsonl"
     path.write_text("".join(f'{{"input": "p{i}"}}\n' for i in range(n_rows)))
-    return PlainDataSource(prompt_data=str(path), n_samples_per_prompt=kw.pop("n", 1), **kw)
+    return PlainDataSource(prompt_data=str(path), n_samples_per_prompt=kw.pop("n", 1),
+                           **{"label_key": None, "apply_chat_template": False, **kw})
 
 
 def prompts(groups) -> list[str]:
@@ -56,7 +57,7 @@ def test_shuffled_epochs_follow_the_epoch_permutation(tmp_path):
 def test_buffered_source_on_one_row_set(tmp_path):
     path = tmp_path / "d.jsonl"
     path.write_text('{"input": "only"}\n')
-    src = BufferedDataSource(prompt_data=str(path), n_samples_per_prompt=2, shuffle=True, seed=0)
+    src = BufferedDataSource(prompt_data=str(path), n_samples_per_prompt=2, shuffle=True, seed=0, label_key=None, apply_chat_template=False)
     got = src.get_samples(3)
     assert prompts(got) == ["only"] * 3 and src.epoch_id == 2
     src.add_samples(got[:1])

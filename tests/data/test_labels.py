@@ -17,7 +17,7 @@ LABELS = [{"answer": 10, "points": 3}, [1, 2], 7, 2.5, "12", {"answer": "x", "po
 
 def _source(tmp: Path, cls: type = BufferedDataSource, **kw) -> PlainDataSource:
     path = write_jsonl(tmp / "d.jsonl", [{"input": f"q{i}", "label": label} for i, label in enumerate(LABELS)])
-    return cls(prompt_data=path, n_samples_per_prompt=2, shuffle=False, label_key="label", **kw)
+    return cls(prompt_data=path, n_samples_per_prompt=2, shuffle=False, **{"label_key": "label", "apply_chat_template": False, **kw})
 
 
 def _same(a: object, b: object) -> bool:

@@ -42,7 +42,7 @@ def run(path: str, seed: int, n: int, shuffle: bool, filt: str, ops: list[tuple[
         save_dir: Path | None) -> tuple[list[Any], list[Any]]:
     def make() -> BufferedDataSource:
         return BufferedDataSource(prompt_data=path, n_samples_per_prompt=n, seed=seed, shuffle=shuffle,
-                                  save_dir=save_dir, buffer_filter=FILTERS[filt]())
+                                  save_dir=save_dir, buffer_filter=FILTERS[filt](), label_key=None, apply_chat_template=False)
 
     src = make()
     handed: list[Any] = []

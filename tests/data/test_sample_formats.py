@@ -67,11 +67,11 @@ def test_tensors_from_a_plugin_are_stored_as_lists() -> None:
 
 
 def test_checkpoint_round_trip_field_by_field(tmp_path: Path) -> None:
-    src = BufferedDataSource(prompt_data=str(V3 / "prompts.jsonl"), n_samples_per_prompt=2, save_dir=tmp_path)
+    src = BufferedDataSource(prompt_data=str(V3 / "prompts.jsonl"), n_samples_per_prompt=2, save_dir=tmp_path, label_key=None, apply_chat_template=False)
     groups = slime_groups()
     src.add_samples(groups)
     path = src.save(4)
-    fresh = BufferedDataSource(prompt_data=str(V3 / "prompts.jsonl"), n_samples_per_prompt=2, save_dir=tmp_path)
+    fresh = BufferedDataSource(prompt_data=str(V3 / "prompts.jsonl"), n_samples_per_prompt=2, save_dir=tmp_path, label_key=None, apply_chat_template=False)
     assert fresh.load() == 4 and ckpt.read_checkpoint(path)  # the file itself verifies
     for got, want in zip(fresh.buffer, groups, strict=True):
         for a, b in zip(got, want, strict=True):
@@ -98,7 +98,7 @@ def check_against_v3(got: Sample, want: dict) -> None:
 
 def test_a_format_3_checkpoint_still_loads(tmp_path: Path) -> None:
     shutil.copytree(V3 / "checkpoints", tmp_path / "ck")
-    src = BufferedDataSource(prompt_data=str(V3 / "prompts.jsonl"), n_samples_per_prompt=2, seed=7, save_dir=tmp_path / "ck")
+    src = BufferedDataSource(prompt_data=str(V3 / "prompts.jsonl"), n_samples_per_prompt=2, seed=7, save_dir=tmp_path / "ck", label_key=None, apply_chat_template=False)
     assert json.loads((tmp_path / "ck" / "rollout_3.json").read_bytes().split(b"\n")[0])["version"] == 3
     assert src.load() == 3
     want = expected_v3()
@@ -109,7 +109,7 @@ def test_a_format_3_checkpoint_still_loads(tmp_path: Path) -> None:
     assert (src.sample_group_index, src.sample_index) == (2, 4)
     src.save(4)  # and it is written back in today's format, losslessly
     again = BufferedDataSource(prompt_data=str(V3 / "prompts.jsonl"), n_samples_per_prompt=2, seed=7,
-                               save_dir=tmp_path / "ck")
+                               save_dir=tmp_path / "ck", label_key=None, apply_chat_template=False)
     assert again.load() == 4
     for a, b in zip((s for g in again.buffer for s in g), got):
         assert_same_sample(a, b)

@@ -23,7 +23,7 @@ def fetch(tmp_path: Path, monkeypatch, fast: bool, n: int = 3) -> list[list[dict
     monkeypatch.setattr(sources_mod, "_FAST_INIT", fast)
     path = tmp_path / "d.jsonl"
     path.write_text("\n".join(ROWS) + "\n")
-    src = PlainDataSource(prompt_data=str(path), n_samples_per_prompt=n, shuffle=False, label_key="label")
+    src = PlainDataSource(prompt_data=str(path), n_samples_per_prompt=n, shuffle=False, label_key="label", apply_chat_template=False)
     src.get_samples(1)
     return [[s.to_dict() for s in g] for g in src.get_samples(4)]
 
@@ -44,7 +44,7 @@ def test_siblings_share_no_mutable_state(tmp_path, monkeypatch, fast):
     monkeypatch.setattr(sources_mod, "_FAST_INIT", fast)
     path = tmp_path / "d.jsonl"
     path.write_text("\n".join(ROWS) + "\n")
-    src = BufferedDataSource(prompt_data=str(path), n_samples_per_prompt=3, shuffle=False, label_key="label")
+    src = BufferedDataSource(prompt_data=str(path), n_samples_per_prompt=3, shuffle=False, label_key="label", apply_chat_template=False)
     groups = src.get_samples(3)
     for g in groups:
         first = g[0]

@@ -19,7 +19,7 @@ def trace(groups: list[list[Sample]]) -> list[tuple[str, int, list[int]]]:
 
 
 def test_spec_trace(data5: str) -> None:
-    src = PlainDataSource(prompt_data=data5, n_samples_per_prompt=2, seed=42, shuffle=True)
+    src = PlainDataSource(prompt_data=data5, n_samples_per_prompt=2, seed=42, shuffle=True, label_key=None, apply_chat_template=False)
     calls = [trace(src.get_samples(2)) for _ in range(4)]
     assert calls == [
         [("q3", 0, [0, 1]), ("q1", 1, [2, 3])],
@@ -31,12 +31,12 @@ def test_spec_trace(data5: str) -> None:
 
 
 def test_no_shuffle_is_file_order(data5: str) -> None:
-    src = PlainDataSource(prompt_data=data5, n_samples_per_prompt=1, shuffle=False)
+    src = PlainDataSource(prompt_data=data5, n_samples_per_prompt=1, shuffle=False, label_key=None, apply_chat_template=False)
     assert [g[0].prompt for g in src.get_samples(7)] == ["q0", "q1", "q2", "q3", "q4", "q0", "q1"]
 
 
 def test_request_larger_than_several_epochs_returns_full_count(data5: str) -> None:
-    src = PlainDataSource(prompt_data=data5, n_samples_per_prompt=3, seed=1)
+    src = PlainDataSource(prompt_data=data5, n_samples_per_prompt=3, seed=1, label_key=None, apply_chat_template=False)
     groups = src.get_samples(13)
     assert len(groups) == 13 and all(len(g) == 3 for g in groups)
     assert [s.index for g in groups for s in g] == list(range(39))
@@ -45,7 +45,7 @@ def test_request_larger_than_several_epochs_returns_full_count(data5: str) -> No
     assert sorted(prompts[:5]) == sorted(prompts[5:10]) == [f"q{i}" for i in range(5)]
     assert src.epoch_id == 2 and src.sample_offset == 3
     # same as fetching one at a time
-    one = PlainDataSource(prompt_data=data5, n_samples_per_prompt=3, seed=1)
+    one = PlainDataSource(prompt_data=data5, n_samples_per_prompt=3, seed=1, label_key=None, apply_chat_template=False)
     assert [g[0].prompt for _ in range(13) for g in one.get_samples(1)] == prompts
 
 
@@ -53,7 +53,7 @@ def test_samples_share_no_mutable_state(tmp_path: Path) -> None:
     rows = [{"input": [{"role": "user", "content": "hi"}], "label": {"a": [1]},
              "metadata": {"nested": {"x": [1, 2]}, "flat": 1}, "tools": '[{"name": "calc"}]'}]
     src = PlainDataSource(prompt_data=write_jsonl(tmp_path / "m.jsonl", rows), n_samples_per_prompt=3,
-                          label_key="label")
+                          label_key="label", apply_chat_template=False)
     g = src.get_samples(1)[0]
     g[0].metadata["nested"]["x"].append(3)
     g[0].metadata["tools"][0]["name"] = "changed"
@@ -70,13 +70,13 @@ def test_samples_share_no_mutable_state(tmp_path: Path) -> None:
 
 
 def test_flat_metadata_copies_are_independent(data5: str) -> None:
-    g = PlainDataSource(prompt_data=data5, n_samples_per_prompt=2).get_samples(1)[0]
+    g = PlainDataSource(prompt_data=data5, n_samples_per_prompt=2, label_key=None, apply_chat_template=False).get_samples(1)[0]
     g[0].metadata["i"] = -1
     assert g[1].metadata["i"] != -1 and g[0].metadata is not g[1].metadata
 
 
 def test_plain_add_samples_raises(data5: str) -> None:
-    src = PlainDataSource(prompt_data=data5, n_samples_per_prompt=2)
+    src = PlainDataSource(prompt_data=data5, n_samples_per_prompt=2, label_key=None, apply_chat_template=False)
     with pytest.raises(TypeError, match="read-only"):
         src.add_samples(src.get_samples(1))
     assert src.get_buffer_length() == 0 and len(src) == 5
@@ -93,7 +93,7 @@ def test_plain_add_samples_raises(data5: str) -> None:
     ],
 )
 def test_add_samples_validation(data5: str, groups: Any, match: str) -> None:
-    src = BufferedDataSource(prompt_data=data5, n_samples_per_prompt=2)
+    src = BufferedDataSource(prompt_data=data5, n_samples_per_prompt=2, label_key=None, apply_chat_template=False)
     with pytest.raises(DataError, match=match):
         src.add_samples(groups)
     assert src.buffer == []
@@ -108,7 +108,7 @@ def test_buffered_groups_come_first_and_filter_gets_rollout_id(data5: str) -> No
         del buffer[:1]
         return out
 
-    src = BufferedDataSource(prompt_data=data5, n_samples_per_prompt=2, seed=42, buffer_filter=spy)
+    src = BufferedDataSource(prompt_data=data5, n_samples_per_prompt=2, seed=42, buffer_filter=spy, label_key=None, apply_chat_template=False)
     first = src.get_samples(3)
     src.add_samples(first[1:])
     src.begin_rollout(7)
@@ -125,7 +125,7 @@ def test_buffer_filter_returning_too_much_is_an_error(data5: str) -> None:
         buffer.clear()
         return out
 
-    src = BufferedDataSource(prompt_data=data5, n_samples_per_prompt=1, buffer_filter=greedy)
+    src = BufferedDataSource(prompt_data=data5, n_samples_per_prompt=1, buffer_filter=greedy, label_key=None, apply_chat_template=False)
     src.add_samples(src.get_samples(3))
     with pytest.raises(DataError, match="returned 3 groups for a request of 1"):
         src.get_samples(1)
@@ -141,7 +141,7 @@ def test_from_args_and_slime_style_constructor(tmp_path: Path) -> None:
                            save=str(tmp_path / "ck"), load=None)
     a = BufferedDataSource.from_args(args)
     b = BufferedDataSource(args)
-    ref = PlainDataSource(prompt_data=path, n_samples_per_prompt=2, seed=3, input_key="text", label_key="answer")
+    ref = PlainDataSource(prompt_data=path, n_samples_per_prompt=2, seed=3, input_key="text", label_key="answer", apply_chat_template=False)
     assert trace(a.get_samples(4)) == trace(b.get_samples(4)) == trace(ref.get_samples(4))
     assert a.args is args and a.buffer_filter.__name__ == "reward_topk"
     assert a.save_dir == str(tmp_path / "ck" / "rollout")
@@ -150,7 +150,7 @@ def test_from_args_and_slime_style_constructor(tmp_path: Path) -> None:
 
 def test_bad_buffer_filter_path(data5: str) -> None:
     with pytest.raises(DataError, match="cannot import 'nope.missing'"):
-        BufferedDataSource(prompt_data=data5, n_samples_per_prompt=1, buffer_filter="nope.missing")
+        BufferedDataSource(prompt_data=data5, n_samples_per_prompt=1, buffer_filter="nope.missing", label_key=None, apply_chat_template=False)
 
 
 def test_metrics_and_tokenizer_from_args(tmp_path: Path, tokenizer_dir: str) -> None:
@@ -159,7 +159,7 @@ def test_metrics_and_tokenizer_from_args(tmp_path: Path, tokenizer_dir: str) -> 
     path = write_jsonl(tmp_path / "d.jsonl", [{"input": "w1 " * i} for i in range(1, 6)])
     args = SimpleNamespace(hf_checkpoint=tokenizer_dir)
     src = BufferedDataSource(prompt_data=path, n_samples_per_prompt=1, max_prompt_len=3, args=args,
-                             buffer_filter=OldestFirst(max_staleness=0))
+                             buffer_filter=OldestFirst(max_staleness=0), label_key=None, apply_chat_template=False)
     assert len(src) == 3  # the tokenizer came from args.hf_checkpoint
     src.add_samples(src.get_samples(2))
     assert src.metrics() == {"buffer/size": 2.0, "data/epoch": 0.0, "data/skipped_rows": 0.0,
@@ -171,7 +171,7 @@ def test_fetched_samples_equal_constructed_ones(data5: str) -> None:
     from pipeline.data import sources
 
     assert sources._FAST_INIT  # the fast path is the one under test
-    for g in PlainDataSource(prompt_data=data5, n_samples_per_prompt=3, seed=2).get_samples(4):
+    for g in PlainDataSource(prompt_data=data5, n_samples_per_prompt=3, seed=2, label_key=None, apply_chat_template=False).get_samples(4):
         for s in g:
             made = Sample(group_index=s.group_index, index=s.index, prompt=s.prompt, label=s.label,
                           metadata=dict(s.metadata))

@@ -140,7 +140,7 @@ def load_source(run_dir: Path, data: Path, n: int, rollout_id: int | None = None
     from pipeline.data.sources import BufferedDataSource
 
     src = BufferedDataSource(prompt_data=str(data), n_samples_per_prompt=n, label_key="label", allow_data_change=True,
-                             save_dir=str(run_dir / "checkpoints"))
+                             save_dir=str(run_dir / "checkpoints"), apply_chat_template=False)
     log = logging.getLogger("pipeline.data.persistence")
     level, log.level = log.level, logging.ERROR
     try:

@@ -40,7 +40,7 @@ class OrderSpy(ScriptedEngine):
 def _run(prompts: Path, engine: OrderSpy, rollouts: int = 4, **kw: Any) -> list[Any]:
     args = make_args(rollout_batch_size=3, over_sampling_batch_size=5, n_samples_per_prompt=3,
                      partial_rollout=True, rollout_max_response_len=64)
-    source = BufferedDataSource(prompt_data=str(prompts), n_samples_per_prompt=3, shuffle=True, label_key="label")
+    source = BufferedDataSource(prompt_data=str(prompts), n_samples_per_prompt=3, shuffle=True, label_key="label", apply_chat_template=False)
     rollout = EngineRollout(engine=engine, reward=BoxedReward(), tokenizer=ByteTokenizer(),
                             dynamic_filter=check_reward_nonzero_std, deterministic=True, seed=7,
                             progress=False, summary=False, **kw)
@@ -67,7 +67,7 @@ def test_batches_tokens_and_buffer_ignore_completion_order(tmp_path):
 def test_groups_are_admitted_in_index_order(tmp_path):
     """Groups queued in the buffer in reverse index order are still admitted by index."""
     prompts = write_prompts(tmp_path / "p.jsonl", 12)
-    source = BufferedDataSource(prompt_data=str(prompts), n_samples_per_prompt=2, shuffle=False, label_key="label")
+    source = BufferedDataSource(prompt_data=str(prompts), n_samples_per_prompt=2, shuffle=False, label_key="label", apply_chat_template=False)
     source.add_samples(list(reversed(source.get_samples(6))))
 
     def drop_odd(args: Any, samples: list[Sample], **kw: Any) -> bool:

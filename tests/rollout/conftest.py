@@ -22,7 +22,7 @@ def prompt_file(tmp_path: Path) -> Path:
 def make_source(prompt_file: Path):
     def _make(n: int = 2, buffered: bool = True, **kw: Any):
         cls = BufferedDataSource if buffered else PlainDataSource
-        return cls(prompt_data=str(prompt_file), n_samples_per_prompt=n, shuffle=False, label_key="label", **kw)
+        return cls(prompt_data=str(prompt_file), n_samples_per_prompt=n, shuffle=False, **{"label_key": "label", "apply_chat_template": False, **kw})
     return _make
 
 

@@ -44,7 +44,7 @@ def make_args(**over: Any) -> SimpleNamespace:
         rollout_temperature=1.0, rollout_top_p=1.0, rollout_top_k=-1, rollout_max_response_len=256,
         rollout_stop=[], rollout_stop_token_ids=[], reward_key=None, eval_reward_key=None,
         partial_rollout=False, mask_offpolicy_in_partial_rollout=False, n_samples_per_eval_prompt=1,
-        input_key="input", label_key="label", seed=1234,
+        input_key="input", label_key="label", seed=1234, eval_prompt_data=None,
     )
     base.update(over)
     if base["over_sampling_batch_size"] is None:
