@@ -67,7 +67,7 @@ def option_overrides(group: str, option: str, d: Path) -> list[str]:
         ("advantage", "rloo"): ["n_samples_per_prompt=2"],
         ("reward", "custom"): ["reward.custom_rm_path=examples.reward.brevity_math", "allowed_targets_extra=[examples.]"],
         ("reward", "dapo"): ["reward_key=score"],
-        # built from args alone (slime's names): the prompt file is prompt_data, not data_source.prompt_data
+        # built from args alone (slime's names): the prompt file is the top-level prompt_data
         ("data_source", "slime"): [f"+prompt_data={d}/train.jsonl"],
     }
     if group == "engine" and option != "scripted":
