@@ -47,7 +47,7 @@ def run_cli(root: Path, *args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, WANDB_MODE="offline", PYTHONPATH=os.pathsep.join([str(root), str(ROOT)]),
                HYDRA_FULL_ERROR="1")
     return subprocess.run([sys.executable, "run.py", f"hydra.searchpath=[file://{root / 'conf'}]",
-                           "allowed_targets_extra=[recipepkg.]", f"data_source.path={root / 'arith.jsonl'}",
+                           "allowed_targets_extra=[recipepkg.]", f"data_source.prompt_data={root / 'arith.jsonl'}",
                            "logger=jsonl", "rollout.progress=false", "rollout.summary=false", *args],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
 

@@ -220,7 +220,7 @@ async def default_generate(
         meta["token_weight_versions"] = list(versions)
     sample.append_response_tokens(args, tokens=result.output_ids, log_probs=log_probs, meta_info=meta,
                                   text=result.text)
-    if getattr(args, "mask_offpolicy_in_partial_rollout", False):
+    if args.mask_offpolicy_in_partial_rollout:
         ctx.offpolicy_tokens_masked += mask_older_than_newest(sample)
     if continued and ctx.tokenizer is not None:
         response_ids = sample.tokens[len(sample.tokens) - sample.response_length:]
