@@ -58,7 +58,7 @@ def option_overrides(group: str, option: str, d: Path) -> list[str]:
         ("rollout", "replay"): [f"rollout.source_dir={d}/prev"],
         ("rollout", "sft"): [f"data_source.prompt_data={d}/chat.jsonl", "data_source.input_key=messages",
                              "data_source.apply_chat_template=false",
-                             "~data_source.label_key", "n_samples_per_prompt=1", "advantage=none"],
+                             "data_source.label_key=null", "n_samples_per_prompt=1", "advantage=none"],
         ("eval", "function"): ["eval.path=tests.plugins.slime_plugins.generate_rollout", "eval_interval=1"] + plugins,
         ("eval", "engine"): ["eval_interval=1", f"eval.datasets.0.prompt_data={d}/eval.jsonl"],
         ("experiment", "sft"): [f"data_source.prompt_data={d}/chat.jsonl"],

@@ -115,8 +115,8 @@ class PlainDataSource(CheckpointMixin):
     `PlainDataSource(args=args)` (args given, neither prompt_data nor n_samples_per_prompt) or
     `PlainDataSource.from_args(args)`; then `tokenizer`, `save_dir` and `load_dir` keywords still
     apply, and `args.save` / `args.load` give `<save>/rollout` / `<load>/rollout`.
-    `prompt_data` (the prompt file, slime's name; `file@[a:b]` slices allowed), the keys and `max_prompt_len` define the prompts
-    (see `PromptDataset`); `seed`/`shuffle` the epoch order (docs/contracts.md §3); `save_dir`/`load_dir`,
+    `prompt_data` (the prompt file, slime's name; `file@[a:b]` slices allowed), the keys and
+    `max_prompt_len` define the prompts (see `PromptDataset`); `seed`/`shuffle` the epoch order (docs/contracts.md §3); `save_dir`/`load_dir`,
     `keep_checkpoints` and `allow_data_change` the checkpoints (docs/contracts.md §5). `tokenizer` is a HF
     tokenizer folder or object; without one, `args.hf_checkpoint` is used when needed.
     `args` is what buffer filters receive (a slime-named namespace is made when absent).
