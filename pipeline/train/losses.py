@@ -110,8 +110,9 @@ def compute_approx_kl(
     kl_loss_type: str,
     importance_ratio: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Per-token KL(new || base) estimate (Schulman's k1, k2, k3), in float32."""
-    log_ratio = log_probs.float() - log_probs_base.float()
+    """Per-token KL(new || base) estimate (Schulman's k1, k2, k3), in float32 at least."""
+    dtype = torch.promote_types(torch.promote_types(log_probs.dtype, log_probs_base.dtype), torch.float32)
+    log_ratio = log_probs.to(dtype) - log_probs_base.to(dtype)
     if kl_loss_type == "k1":
         kl = log_ratio
     elif kl_loss_type == "k2":
