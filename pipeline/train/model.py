@@ -12,14 +12,20 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import os
+import shutil
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from pipeline.atomic import file_mode
 from pipeline.engines.assets import resolve_checkpoint
 
-__all__ = ["load_policy", "merged_state_dict", "reference_context", "frozen_copy", "is_lora"]
+__all__ = ["load_policy", "merged_state_dict", "reference_context", "frozen_copy", "is_lora", "save_adapter",
+           "export_hf", "wrap_lora"]
 
 logger = logging.getLogger(__name__)
 
@@ -90,3 +96,53 @@ def merged_state_dict(model: Any) -> dict[str, torch.Tensor]:
             continue
         out.setdefault(name.replace(".base_layer.", "."), tensor.detach())
     return out
+
+
+def save_adapter(model: Any, directory: str) -> str:
+    """Write the LoRA adapter as a peft folder (adapter_config.json + adapter_model.safetensors),
+    atomically (temp folder renamed into place); returns the folder."""
+    if not is_lora(model):
+        raise ValueError("save_adapter needs a LoRA trainer (trainer.lora_rank > 0)")
+    return _atomic_folder(directory, lambda tmp: model.save_pretrained(tmp, safe_serialization=True))
+
+
+def export_hf(model: Any, checkpoint_folder: str | None, directory: str) -> str:
+    """Write the policy (LoRA merged) as a plain HF folder that transformers and vLLM load:
+    config, model.safetensors and the checkpoint's tokenizer files; atomically."""
+    from transformers import AutoModelForCausalLM
+
+    base = model.get_base_model() if is_lora(model) else model
+    state = merged_state_dict(model)
+
+    def write(tmp: str) -> None:
+        plain = AutoModelForCausalLM.from_config(base.config)
+        plain.load_state_dict(state)
+        plain.save_pretrained(tmp, safe_serialization=True)
+        if checkpoint_folder is not None:
+            for name in _TOKENIZER_FILES:
+                src = Path(checkpoint_folder) / name
+                if src.is_file():
+                    shutil.copyfile(src, Path(tmp) / name)
+
+    return _atomic_folder(directory, write)
+
+
+# copied next to an exported policy so the folder is a complete model (weights + tokenizer)
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+                    "merges.txt", "tokenizer.model", "generation_config.json", "chat_template.jinja")
+
+
+def _atomic_folder(directory: str, write: Any) -> str:
+    target = Path(directory)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.")
+    try:
+        write(tmp)
+        os.chmod(tmp, file_mode(0o777))
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return str(target)

@@ -249,6 +249,20 @@ class PolicyGradientTrainer:
         """The policy under full HF state-dict names, LoRA merged (see model.merged_state_dict)."""
         return policy_model.merged_state_dict(self.model)
 
+    def save_lora_adapter(self, directory: str) -> str:
+        """The LoRA adapter as a peft folder (for engines that load adapters: vLLM)."""
+        return policy_model.save_adapter(self.model, directory)
+
+    def export_hf(self, directory: str) -> str:
+        """The policy (LoRA merged) as a plain HF folder with the checkpoint's tokenizer."""
+        k = self.keys
+        folder = None
+        if k["hf_checkpoint"] is not None:
+            from pipeline.engines.assets import resolve_checkpoint
+
+            folder = resolve_checkpoint(k["hf_checkpoint"], k["cache_dir"])
+        return policy_model.export_hf(self.model, folder, directory)
+
     def save(self, directory: str) -> None:
         """Write policy, optimizer, schedule position, RNG states and weight version (atomically)."""
         save_state(directory, self.model, self.optimizer,
