@@ -165,8 +165,7 @@ class PolicyGradientTrainer:
             old = self._no_grad_log_probs(self.model, samples)
         ref = None
         if self.keys["use_kl_loss"]:
-            if self._reference is None and not policy_model.is_lora(self.model):
-                self._reference = policy_model.frozen_copy(self.model)
+            self._keep_reference()
             with policy_model.reference_context(self.model, self._reference) as reference:
                 ref = self._no_grad_log_probs(reference, samples)
         advantages = [torch.full((n,), r, dtype=torch.float32) for r, n in zip(samples.rewards,
@@ -180,6 +179,14 @@ class PolicyGradientTrainer:
             hook(self.args, rollout_data)
             advantages = [torch.as_tensor(a, dtype=torch.float32) for a in rollout_data["advantages"]]
         return _Prepared(samples, advantages, old, ref)
+
+    def _keep_reference(self) -> None:
+        """Full fine-tuning with the KL loss: a frozen copy of the initial policy, taken before the
+        first update or state load (LoRA: the base with adapters off needs no copy)."""
+        if self.keys["use_kl_loss"] and self._reference is None and not policy_model.is_lora(self.model):
+            if self.weight_version:
+                raise RuntimeError("the KL reference must be copied before the policy changes")
+            self._reference = policy_model.frozen_copy(self.model)
 
     def _no_grad_log_probs(self, model: Any, samples: batches.TrainSamples) -> list[torch.Tensor]:
         out: list[torch.Tensor] = []
@@ -270,6 +277,7 @@ class PolicyGradientTrainer:
 
     def load(self, directory: str) -> None:
         """Restore what `save` wrote."""
+        self._keep_reference()  # the initial policy, not the loaded one
         counters = load_state(directory, self.model, self.optimizer)
         self.weight_version = int(counters["weight_version"])
         self.optimizer_step = int(counters["optimizer_step"])

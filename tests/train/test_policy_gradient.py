@@ -177,6 +177,18 @@ def test_save_and_load_continue_bit_identically(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["state"]
 
 
+def test_resumed_kl_reference_is_the_initial_policy(tmp_path):
+    base = tiny_llama(torch.float32)
+    first = trainer(copy.deepcopy(base), lr=1e-2, use_kl_loss=True, kl_loss_coef=0.1)
+    first.train(0, train_data())
+    first.save(str(tmp_path / "state"))
+    straight = first.train(1, train_data())
+    resumed = trainer(copy.deepcopy(base), lr=1e-2, use_kl_loss=True, kl_loss_coef=0.1)
+    resumed.load(str(tmp_path / "state"))
+    again = resumed.train(1, train_data())
+    assert again["train/kl_loss"] == straight["train/kl_loss"] != 0.0
+
+
 def test_lora_trains_adapters_only_and_merges_for_the_engine():
     from transformers import LlamaForCausalLM
 
