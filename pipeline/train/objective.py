@@ -89,10 +89,14 @@ def policy_loss(args: Any, batch: MicroBatch, log_probs: list[torch.Tensor], ent
     if args.use_kl_loss:
         if batch.ref_log_probs is None:
             raise ValueError("use_kl_loss needs the reference model's log-probs")
-        ratio = torch.exp(flat_log_probs - torch.cat(batch.old_log_probs)) if args.use_unbiased_kl else None
-        kl = compute_approx_kl(flat_log_probs, torch.cat(batch.ref_log_probs), args.kl_loss_type, ratio)
-        kl_sum = reduce(kl)
-        loss = loss + args.kl_loss_coef * kl_sum
+        # kl_loss_coef 0: the KL is a metric only, computed without gradient (as slime does, so a
+        # non-finite KL cannot reach the policy's gradient)
+        with_grad = float(args.kl_loss_coef) != 0.0
+        current = flat_log_probs if with_grad else flat_log_probs.detach()
+        ratio = torch.exp(current - torch.cat(batch.old_log_probs)) if args.use_unbiased_kl else None
+        kl_sum = reduce(compute_approx_kl(current, torch.cat(batch.ref_log_probs), args.kl_loss_type, ratio))
+        if with_grad:
+            loss = loss + args.kl_loss_coef * kl_sum
         metrics["kl_loss"] = kl_sum.detach()
 
     metrics.update({
