@@ -38,3 +38,8 @@ def sft_like_loss(args, batch, logits, sum_of_sample_mean):
         pieces.append(rows.gather(-1, tokens[-n:].unsqueeze(-1)).squeeze(-1))
     loss = -sum_of_sample_mean(torch.cat(pieces))
     return loss, {"loss": loss.detach(), "nll": loss.detach()}
+
+
+def count_train_data(args, rollout_id, train_data):
+    """A user trainer for trainer=function: reports how many samples it got."""
+    return {"samples": float(len(train_data["tokens"]))}
