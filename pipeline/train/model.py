@@ -12,16 +12,14 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
-import os
 import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from pipeline.atomic import file_mode
+from pipeline.atomic import atomic_dir
 from pipeline.engines.assets import resolve_checkpoint
 
 __all__ = ["load_policy", "merged_state_dict", "reference_context", "frozen_copy", "is_lora", "save_adapter",
@@ -103,7 +101,9 @@ def save_adapter(model: Any, directory: str) -> str:
     atomically (temp folder renamed into place); returns the folder."""
     if not is_lora(model):
         raise ValueError("save_adapter needs a LoRA trainer (trainer.lora_rank > 0)")
-    return _atomic_folder(directory, lambda tmp: model.save_pretrained(tmp, safe_serialization=True))
+    with atomic_dir(directory) as tmp:
+        model.save_pretrained(str(tmp), safe_serialization=True)
+    return str(directory)
 
 
 def export_hf(model: Any, checkpoint_folder: str | None, directory: str) -> str:
@@ -114,35 +114,17 @@ def export_hf(model: Any, checkpoint_folder: str | None, directory: str) -> str:
     base = model.get_base_model() if is_lora(model) else model
     state = merged_state_dict(model)
 
-    def write(tmp: str) -> None:
+    with atomic_dir(directory) as tmp:
         plain = AutoModelForCausalLM.from_config(base.config)
         plain.load_state_dict(state)
-        plain.save_pretrained(tmp, safe_serialization=True)
-        if checkpoint_folder is not None:
-            for name in _TOKENIZER_FILES:
-                src = Path(checkpoint_folder) / name
-                if src.is_file():
-                    shutil.copyfile(src, Path(tmp) / name)
-
-    return _atomic_folder(directory, write)
+        plain.save_pretrained(str(tmp), safe_serialization=True)
+        for name in _TOKENIZER_FILES if checkpoint_folder is not None else ():
+            src = Path(checkpoint_folder) / name
+            if src.is_file():
+                shutil.copyfile(src, tmp / name)
+    return str(directory)
 
 
 # copied next to an exported policy so the folder is a complete model (weights + tokenizer)
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
                     "merges.txt", "tokenizer.model", "generation_config.json", "chat_template.jinja")
-
-
-def _atomic_folder(directory: str, write: Any) -> str:
-    target = Path(directory)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.")
-    try:
-        write(tmp)
-        os.chmod(tmp, file_mode(0o777))
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return str(target)

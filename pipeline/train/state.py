@@ -6,8 +6,8 @@
                              (exp_avg, exp_avg_sq, step) and the torch RNG state as `rng/torch`
 `<dir>/trainer_state.json`   weight version, optimizer step, hyper-parameters of each param
                              group, Python and numpy RNG states, format version
-The folder is written under a temp name beside `<dir>` and renamed into place (the previous
-folder, if any, is replaced only after the new one is complete).
+The folder is written under a temp name beside `<dir>` and renamed into place
+(`pipeline.atomic.atomic_dir`: the previous folder, if any, goes only once the new one is complete).
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +22,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from pipeline.atomic import atomic_write_text, file_mode
+from pipeline.atomic import atomic_dir, atomic_write_text
 
 __all__ = ["FORMAT_VERSION", "save_state", "load_state"]
 
@@ -40,11 +38,7 @@ def _param_names(model: Any, optimizer: torch.optim.Optimizer) -> list[str]:
 def save_state(directory: str | os.PathLike[str], model: Any, optimizer: torch.optim.Optimizer,
                counters: dict[str, Any]) -> None:
     """Write the trainer state folder `directory` atomically (module docstring)."""
-    target = Path(directory)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
-    try:
-        os.chmod(tmp, file_mode(0o777))
+    with atomic_dir(directory) as tmp:
         policy = {n: p.detach().contiguous() for n, p in model.named_parameters() if p.requires_grad}
         save_file(policy, str(tmp / "policy.safetensors"))
         names = _param_names(model, optimizer)
@@ -67,15 +61,6 @@ def save_state(directory: str | os.PathLike[str], model: Any, optimizer: torch.o
         for f in tmp.iterdir():
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
-        old = target.parent / f".{target.name}.old"
-        if target.exists():
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(target, old)
-        os.replace(tmp, target)
-        shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def load_state(directory: str | os.PathLike[str], model: Any, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
