@@ -60,6 +60,8 @@ def test_no_trainer_means_no_check_and_lora_detection() -> None:
     assert [trainer_uses_lora(t) for t in ({}, {"lora": True}, {"use_lora": True}, {"lora": {}},
                                            {"lora": {"enabled": False}}, {"lora": {"r": 4}})] == \
         [False, True, True, False, False, True]
+    # trainer=policy_gradient says it with lora_rank (0: full fine-tuning)
+    assert [trainer_uses_lora({"lora_rank": r}) for r in (0, 16)] == [False, True]
 
 
 def test_validate_refuses_openai_with_a_trainer_and_passes_hf(tmp_path: Path) -> None:
