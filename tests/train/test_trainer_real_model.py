@@ -1,13 +1,17 @@
 """The trainer on the real bundled SmolLM2-135M-Instruct (tiny sizes): policy-gradient steps move
-the policy towards the rewarded response, and a separately loaded model given
-`weights_for_engine()` decodes greedily exactly as the trained policy does."""
+the policy towards the rewarded response, and the hf engine, given the trainer's weights, decodes
+greedily exactly as the trained policy does."""
 
+import asyncio
 import os
 
 import pytest
 import torch
 
+from pipeline.engines.base import GenerationRequest, SamplingParams
+from pipeline.engines.hf import HFEngine
 from pipeline.train.policy_gradient import PolicyGradientTrainer
+from pipeline.train.sync import push_weights
 from trainer_fixtures import yaml_keys
 
 pytestmark = pytest.mark.slow
@@ -43,11 +47,18 @@ def test_policy_gradient_steps_on_smollm2_follow_the_reward():
     assert after[0].sum() > before[0].sum() and after[1].sum() < before[1].sum()
     assert trainer.weight_version == 2
 
-    engine_model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    ids = torch.tensor([prompt])
-    base_output = greedy(engine_model, ids, 6)
-    engine_model.load_state_dict(trainer.weights_for_engine())
-    assert greedy(engine_model, ids, 6) == greedy(trainer.model, ids, 6)
+    # the in-process engine, given the trainer's weights, decodes greedily as the trained policy does
+    engine = HFEngine(folder, num_threads=2, max_batch_size=2, dtype="float32")
+    try:
+        sampling = SamplingParams(temperature=0.0, max_new_tokens=6, stop_token_ids=())
+        before_sync = asyncio.run(engine.generate(GenerationRequest("a", input_ids=prompt, sampling=sampling)))
+        assert push_weights(trainer, engine, None)["perf/weight_sync_time"] >= 0
+        after_sync = asyncio.run(engine.generate(GenerationRequest("b", input_ids=prompt, sampling=sampling)))
+    finally:
+        engine.close()
+    assert after_sync.weight_versions == [2] * len(after_sync.output_ids)
+    assert after_sync.output_ids == greedy(trainer.model, torch.tensor([prompt]), len(after_sync.output_ids))
     with torch.no_grad():
-        moved = engine_model(ids).logits[0, -1] - AutoModelForCausalLM.from_pretrained(folder).eval()(ids).logits[0, -1]
-    assert moved.abs().max() > 1e-3, base_output
+        base_logits = AutoModelForCausalLM.from_pretrained(folder).eval()(torch.tensor([prompt])).logits[0, -1]
+        trained_logits = trainer.model(input_ids=torch.tensor([prompt])).logits[0, -1]
+    assert (trained_logits - base_logits).abs().max() > 1e-3, before_sync.output_ids
