@@ -70,6 +70,7 @@ def test_bad_trainer_keys_fail_at_pre_flight(data, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)
 def test_policy_gradient_on_the_real_model_resumes_bit_identically(data, tmp_path):
     """Deterministic mode, SmolLM2 in process: a run of 2 rollouts, and a run of 1 resumed to 2,
     end with the same trainer state bit for bit and the same losses."""
