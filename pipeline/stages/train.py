@@ -59,9 +59,13 @@ def restore_trainer(trainer: Any, engine: Any, run_dir: str, rollout_id: int) ->
     """Load the trainer state saved with checkpoint `rollout_id` and push its weights to the engine."""
     folder = trainer_state_dir(run_dir, rollout_id)
     if not folder.is_dir():
+        if not folder.parent.is_dir():  # the run had no trainer until now (allow_config_change=true)
+            logger.warning("resume: %s has no trainer state (the run so far had no trainer); the trainer starts "
+                           "from hf_checkpoint at weight version 0", run_dir)
+            return
         raise FileNotFoundError(
-            f"resume: {folder} is missing: checkpoint rollout_{rollout_id} has no trainer state (was the run "
-            f"started with trainer=none? resume it with the same trainer)")
+            f"resume: {folder} is missing: checkpoint rollout_{rollout_id} has no trainer state (the trainer "
+            f"states kept are {sorted(p.name for p in folder.parent.iterdir())})")
     trainer.load(str(folder))
     if trainer.weight_version > 0:
         push_weights(trainer, engine, run_dir)

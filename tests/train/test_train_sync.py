@@ -117,3 +117,19 @@ def test_function_trainer_errors():
     with pytest.raises(Exception, match="trainer.path"):
         FunctionTrainer(path="os.path.join").bind_args(SlimeArgs({"allowed_targets": ["pipeline."],
                                                                   "allowed_targets_extra": []}))
+
+
+def test_restore_trainer_without_and_with_missing_state(tmp_path):
+    from pipeline.stages.train import restore_trainer, save_trainer
+
+    t = FunctionTrainer(fn=user_train)
+    restore_trainer(t, None, str(tmp_path), 3)  # no trainer/ at all: a run that had none; fresh start
+    assert t.weight_version == 0
+    t.weight_version = 5
+    save_trainer(t, str(tmp_path), 1)
+    with pytest.raises(FileNotFoundError, match=r"rollout_3 has no trainer state .*\['rollout_1'\]"):
+        restore_trainer(t, None, str(tmp_path), 3)
+    fresh = FunctionTrainer(fn=user_train)
+    engine = FullEngine()
+    restore_trainer(fresh, engine, str(tmp_path), 1)
+    assert fresh.weight_version == 5 and engine.updates == []  # a function trainer pushes nothing
