@@ -23,7 +23,8 @@ def greedy(model, ids, n):
     return out[0, ids.shape[1]:].tolist()
 
 
-def test_policy_gradient_steps_on_smollm2_follow_the_reward():
+@pytest.mark.parametrize("bf16", [False, True], ids=["float32", "bf16"])
+def test_policy_gradient_steps_on_smollm2_follow_the_reward(bf16):
     from transformers import AutoModelForCausalLM
 
     from pipeline.engines.assets import load_tokenizer, resolve_checkpoint
@@ -36,7 +37,7 @@ def test_policy_gradient_steps_on_smollm2_follow_the_reward():
     data = {"tokens": [prompt + good, prompt + bad], "response_lengths": [len(good), len(bad)],
             "loss_masks": [[1] * len(good), [1] * len(bad)], "rewards": [1.0, -1.0]}
     trainer = PolicyGradientTrainer(**yaml_keys(hf_checkpoint="smollm2-135m-instruct", cache_dir=cache,
-                                                num_threads=2, lr=2e-5, micro_batch_size=2))
+                                                num_threads=2, lr=2e-5, micro_batch_size=2, bf16=bf16))
     before = trainer.prepare(data).old_log_probs
     for rollout_id in range(2):
         metrics = trainer.train(rollout_id, data)
