@@ -32,11 +32,11 @@ _NAME = re.compile(r"^rollout_(-?\d+)$")
 
 def train_stage(ctx: RolloutContext, parts: StageParts) -> None:
     """Train on `ctx.train_data`, push the weights to the engine, add the metrics."""
-    trainer = getattr(parts, "trainer", None)
+    trainer = parts.plugin("trainer")
     if trainer is None or ctx.train_data is None:
         return
     metrics = trainer.train(ctx.rollout_id, ctx.train_data)
-    metrics.update(push_weights(trainer, getattr(parts, "engine", None), parts.run_dir))
+    metrics.update(push_weights(trainer, parts.plugin("engine"), parts.run_dir))
     metrics["train/weight_version"] = float(trainer.weight_version)
     ctx.metrics.update(metrics)
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from pipeline.atomic import atomic_write_text
+from pipeline.plugins import allowed_targets, load_object
 
 __all__ = ["FunctionTrainer"]
 
@@ -22,7 +23,7 @@ __all__ = ["FunctionTrainer"]
 class FunctionTrainer:
     """Calls a user train function once per rollout (module docstring)."""
 
-    def __init__(self, path: str | None = None, fn: Callable[..., Any] | None = None) -> None:
+    def __init__(self, path: str | None = None, fn: Callable[..., Any] | None = None, args: Any = None) -> None:
         if not path and fn is None:
             raise ValueError("trainer=function needs trainer.path=<pkg.module.train> (your "
                              "train(args, rollout_id, train_data) -> metrics)")
@@ -30,16 +31,14 @@ class FunctionTrainer:
         self._fn = fn
         self._args: Any = None
         self.weight_version = 0
+        if args is not None:
+            self.bind_args(args)
 
     def bind_args(self, args: Any) -> None:
         """Load the function through the run's allowlist; it will receive `args`."""
-        from pipeline.config import allowed_targets, load_object
-
         self._args = args
         if self._fn is None:
-            base = args.as_dict() if hasattr(args, "as_dict") else dict(vars(args))
-            allowed = allowed_targets(base) if "allowed_targets" in base else None
-            self._fn = load_object(self.path, allowed, "trainer.path")
+            self._fn = load_object(self.path, allowed_targets(args), "trainer.path")
 
     def train(self, rollout_id: int, train_data: dict[str, Any]) -> dict[str, float]:
         """Call the function; its metrics (train/ prefixed where they have no area) plus

@@ -24,6 +24,8 @@ from typing import Any, Callable
 
 import torch
 
+from pipeline.config import SlimeArgs
+from pipeline.plugins import allowed_targets, load_object
 from pipeline.train import batches, model as policy_model
 from pipeline.train.losses import KL_LOSS_TYPES, LOSS_AGG_MODES, batch_normalizer, sample_mean_reducer
 from pipeline.train.objective import LossHooks, MicroBatch, policy_loss
@@ -53,7 +55,7 @@ class PolicyGradientTrainer:
     """The in-process trainer (module docstring). Keyword arguments are the YAML keys
     (conf/trainer/policy_gradient.yaml, which documents each); `model` injects a loaded model."""
 
-    def __init__(self, *, model: Any = None, **keys: Any) -> None:
+    def __init__(self, *, args: Any = None, model: Any = None, **keys: Any) -> None:
         self.keys = dict(keys)
         k = self.keys
         if k["kl_loss_type"] not in KL_LOSS_TYPES:
@@ -71,17 +73,17 @@ class PolicyGradientTrainer:
         self._hooks: dict[str, Callable[..., Any] | None] = {key: None for key in HOOK_KEYS}
         self.weight_version = 0
         self.optimizer_step = 0
+        if args is not None:
+            self.bind_args(args)
 
     # -- set-up ---------------------------------------------------------------------------------
 
     def bind_args(self, args: Any) -> None:
         """Give slime hooks the run's args (with this trainer's keys on top) and load the hook
         paths through the run's allowlist."""
-        from pipeline.config import SlimeArgs, allowed_targets, load_object
-
         base = args.as_dict() if hasattr(args, "as_dict") else dict(vars(args))
         self._args = SlimeArgs({**base, **self.keys})
-        allowed = allowed_targets(base) if "allowed_targets" in base else None
+        allowed = allowed_targets(base)
         for key in HOOK_KEYS:
             path = self.keys.get(key)
             self._hooks[key] = load_object(path, allowed, f"trainer.{key}") if path else None
@@ -90,9 +92,8 @@ class PolicyGradientTrainer:
 
     @property
     def args(self) -> Any:
+        """What slime hooks get: the run's args with this trainer's keys on top."""
         if self._args is None:
-            from pipeline.config import SlimeArgs
-
             self._args = SlimeArgs(self.keys)
         return self._args
 
