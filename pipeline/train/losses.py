@@ -35,6 +35,8 @@ from typing import Any, Callable
 
 import torch
 
+from pipeline.train.choices import KL_LOSS_TYPES, LOSS_AGG_MODES
+
 __all__ = [
     "KL_LOSS_TYPES",
     "LOSS_AGG_MODES",
@@ -47,8 +49,6 @@ __all__ = [
     "vanilla_tis_function",
 ]
 
-KL_LOSS_TYPES = ("k1", "k2", "k3", "low_var_kl")
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 Reducer = Callable[[torch.Tensor], torch.Tensor]
 

@@ -14,9 +14,10 @@ from typing import Any, Iterable
 
 import torch
 
+from pipeline.train.choices import LR_DECAY_STYLES
+
 __all__ = ["LR_DECAY_STYLES", "LrSchedule", "make_adamw"]
 
-LR_DECAY_STYLES = ("constant", "linear", "cosine")
 
 
 class LrSchedule:

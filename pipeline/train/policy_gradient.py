@@ -25,6 +25,7 @@ from typing import Any, Callable
 import torch
 
 from pipeline.config import SlimeArgs
+from pipeline.engines.assets import resolve_checkpoint
 from pipeline.plugins import allowed_targets, load_object
 from pipeline.train import batches, model as policy_model
 from pipeline.train.losses import KL_LOSS_TYPES, LOSS_AGG_MODES, batch_normalizer, sample_mean_reducer
@@ -264,11 +265,7 @@ class PolicyGradientTrainer:
     def export_hf(self, directory: str) -> str:
         """The policy (LoRA merged) as a plain HF folder with the checkpoint's tokenizer."""
         k = self.keys
-        folder = None
-        if k["hf_checkpoint"] is not None:
-            from pipeline.engines.assets import resolve_checkpoint
-
-            folder = resolve_checkpoint(k["hf_checkpoint"], k["cache_dir"])
+        folder = resolve_checkpoint(k["hf_checkpoint"], k["cache_dir"]) if k["hf_checkpoint"] is not None else None
         return policy_model.export_hf(self.model, folder, directory)
 
     def save(self, directory: str) -> None:

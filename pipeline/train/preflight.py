@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.train.losses import KL_LOSS_TYPES, LOSS_AGG_MODES
-from pipeline.train.optim import LR_DECAY_STYLES
+from pipeline.train.choices import KL_LOSS_TYPES, LOSS_AGG_MODES, LR_DECAY_STYLES
 
 __all__ = ["trainer_problems"]
 
