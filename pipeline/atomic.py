@@ -7,11 +7,14 @@ leaves only a hidden temp file behind. Files get the mode a plain `open()` would
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "file_mode", "make_temp"]
+__all__ = ["atomic_dir", "atomic_write_bytes", "atomic_write_text", "file_mode", "make_temp"]
 
 
 def _umask() -> int:
@@ -64,3 +67,22 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     """Write `text` (UTF-8) to `path` atomically."""
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a fresh temp folder beside `path` (mode of a plain `mkdir`); when the block ends
+    without an exception it replaces `path` (an existing folder there is removed first), else it
+    is deleted. A reader sees the old folder or the complete new one, never a half-written one."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
+    try:
+        os.chmod(tmp, file_mode(0o777))
+        yield tmp
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

@@ -51,6 +51,11 @@ _REWARD_MIRRORS = {
 }
 
 
+# trainer keys that are not slime flags of their own (the plugin target, the function path, the
+# checkpoint and threads, which have their own homes)
+_TRAINER_OWN_KEYS = frozenset({"_target_", "path", "hf_checkpoint", "cache_dir", "num_threads"})
+
+
 class SlimeArgs:
     """Read-only attribute view with slime's names (docs/contracts.md §6); unknown names raise AttributeError.
 
@@ -86,6 +91,11 @@ class SlimeArgs:
         for key in ("rewards_normalization", "grpo_std_normalization", "group_mode"):
             if key in adv:
                 values[key] = adv[key]
+        # the trainer's keys are slime's (lr, eps_clip, use_kl_loss, ...): plugins read them too
+        trainer = plain.get("trainer") or {}
+        for key, value in trainer.items():
+            if key not in _TRAINER_OWN_KEYS:
+                values.setdefault(key, value)
         ev = plain.get("eval") or {}
         datasets = ev.get("datasets") if isinstance(ev, dict) else None
         values["eval_prompt_data"] = _eval_prompt_data(datasets)

@@ -16,6 +16,7 @@ from pipeline.plugins import SLOTS, SLOTS_BY_NAME, ConfigError, Needs, check_all
 from pipeline.plugins import target_of as _target
 from pipeline.rewards.preflight import reward_problems
 from pipeline.session import resume_target_problem
+from pipeline.train.preflight import trainer_problems
 
 __all__ = ["collect_problems", "collect_warnings"]
 
@@ -62,6 +63,7 @@ def collect_problems(cfg: dict[str, Any]) -> list[str]:
     _cross_group(cfg, out)
     _data_path(cfg, out)
     _advantage(cfg, out)
+    out += trainer_problems(cfg)
     _plugins(cfg, out)
     _allowlist(cfg, out)
     if not out:  # imports the plugins and reads the prompt files: only when sound

@@ -21,6 +21,7 @@ from pipeline.plugins import SLOTS, ConfigError, Slot, accepted_keywords, build,
 from pipeline.rollout.sample_hooks import SampleHooks
 from pipeline.runner import Schedule
 from pipeline.stages import STAGES, StageParts
+from pipeline.stages.train import restore_trainer
 
 __all__ = ["build_parts", "build_slot", "build_stages", "run_slots"]
 
@@ -154,6 +155,8 @@ def build_parts(plain: dict[str, Any], args: SlimeArgs, allowed: tuple[str, ...]
     start = plain["start_rollout_id"]
     if plain["resume"]:
         start = _resume(data_source, run_dir)
+        if values.get("trainer") is not None:  # its state of that checkpoint; the engine gets its weights
+            restore_trainer(values["trainer"], values.get("engine"), run_dir, start - 1)
     plugins = {name: value for name, value in values.items() if name not in ("args", "run_dir")}
     parts = StageParts(args=args, data_source=data_source, rollout_fn=values["rollout"], run_dir=run_dir,
                        plugins=plugins)

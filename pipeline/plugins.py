@@ -379,6 +379,8 @@ SLOTS: tuple[Slot, ...] = (
          label="reward function (custom_rm_path)", doc="a reward function in place of rm_type"),
     Slot("advantage", "advantage", "settings", doc="the advantage estimator's settings, read by the rewards stage"),
     Slot("logger", "logger", "object", on_demand=True, doc="the metrics sink (start, log, finish)"),
+    Slot("trainer", "trainer", "object", parts=_ARGS,
+         doc="updates the policy from each rollout's train data (train, weight_version, weights_for_engine, save, load)"),
     _hook("reward_post_process", "custom_reward_post_process_path",
           Call("fn(args, samples) -> (raw_rewards, rewards)", (2,)), doc="replaces reward post-processing"),
     _hook("convert_to_train_data", "custom_convert_samples_to_train_data_path",

@@ -17,6 +17,7 @@ from pipeline.sinks.jsonl import MetricsJsonl
 from pipeline.stages import STAGES, RolloutContext, StageParts
 from pipeline.stages.log import eval_metrics
 from pipeline.stages.persist import samples_path, write_failed
+from pipeline.stages.train import export_policy, save_trainer, trainer_state_dir
 
 __all__ = ["Pipeline", "Schedule", "ROLLOUT_STATE_KEY"]
 
@@ -94,6 +95,9 @@ class Pipeline:
             with deferred_interrupt():
                 self.commit(rollout_id, metrics)
             last = metrics
+        trainer = self.parts.plugin("trainer")
+        if trainer is not None and last and self.parts.run_dir is not None:
+            export_policy(trainer, self.parts.run_dir)
         return last
 
     def commit(self, rollout_id: int, metrics: dict[str, Any]) -> None:
@@ -101,6 +105,14 @@ class Pipeline:
         if self.schedule.should_save(rollout_id):
             start = time.perf_counter()
             self.stash_rollout_state()
+            trainer = self.parts.plugin("trainer")
+            if trainer is not None and self.parts.run_dir is not None:
+                # first, so every data-source checkpoint on disk has its trainer state
+                try:
+                    save_trainer(trainer, self.parts.run_dir, rollout_id)
+                except OSError as exc:
+                    raise write_failed(exc, f"the trainer state {trainer_state_dir(self.parts.run_dir, rollout_id)}",
+                                       rollout_id) from exc
             try:
                 self.parts.data_source.save(rollout_id)
             except OSError as exc:

@@ -67,3 +67,21 @@ def test_an_interrupt_also_cleans_up(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         atomic_write_bytes(target, b"new")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_atomic_dir_replaces_a_folder_only_when_complete(tmp_path):
+    from pipeline.atomic import atomic_dir
+
+    target = tmp_path / "state"
+    with atomic_dir(target) as tmp:
+        (tmp / "a.txt").write_text("one")
+    assert (target / "a.txt").read_text() == "one"
+    with pytest.raises(RuntimeError):
+        with atomic_dir(target) as tmp:
+            (tmp / "a.txt").write_text("two")
+            raise RuntimeError("killed half-way")
+    assert (target / "a.txt").read_text() == "one"  # the old folder is intact
+    with atomic_dir(target) as tmp:
+        (tmp / "b.txt").write_text("three")
+    assert sorted(p.name for p in target.iterdir()) == ["b.txt"]
+    assert [p.name for p in tmp_path.iterdir()] == ["state"]  # no temp folder left behind

@@ -65,6 +65,7 @@ def option_overrides(group: str, option: str, d: Path) -> list[str]:
         ("filter", "reward_topk"): ["data_source=buffered"],
         ("filter", "oldest_first"): ["data_source=buffered"],
         ("advantage", "rloo"): ["n_samples_per_prompt=2"],
+        ("trainer", "function"): ["trainer.path=tests.plugins.trainer_hooks.count_train_data"] + plugins,
         ("reward", "custom"): ["reward.custom_rm_path=examples.reward.brevity_math", "allowed_targets_extra=[examples.]"],
         ("reward", "dapo"): ["reward_key=score"],
         # built from args alone (slime's names): the prompt file is the top-level prompt_data

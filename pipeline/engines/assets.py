@@ -13,12 +13,10 @@ import fcntl
 import importlib.util
 import logging
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from pipeline.atomic import file_mode
+from pipeline.atomic import atomic_dir
 
 __all__ = [
     "BUNDLED_MODELS",
@@ -125,9 +123,7 @@ def _convert(name: str, target: Path) -> None:
 
     gguf = _bundled_gguf(name)
     logger.info("converting %s (%s) into %s (once)", name, gguf, target)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=target.parent))
-    tmp.chmod(file_mode(0o777))  # mkdtemp's 0700 would survive the rename
-    try:
+    with atomic_dir(target) as tmp:  # a stale, incomplete folder (no marker) is replaced
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         # save_pretrained refuses GGUF-quantized models; the weights are already dequantized
@@ -137,13 +133,6 @@ def _convert(name: str, target: Path) -> None:
         model.save_pretrained(str(tmp))
         tokenizer.save_pretrained(str(tmp))
         (tmp / _DONE_MARKER).write_text(f"{gguf}\n")
-        if target.exists():
-            # a stale, incomplete folder (no marker): replace it
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def load_tokenizer(path: str | os.PathLike[str], trust_remote_code: bool = False) -> Any:

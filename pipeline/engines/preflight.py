@@ -24,8 +24,11 @@ def has_trainer(cfg: dict[str, Any]) -> bool:
 
 
 def trainer_uses_lora(trainer: dict[str, Any]) -> bool:
-    """Whether the trainer node trains a LoRA adapter (`lora: true`, `use_lora: true` or a
-    `lora:` mapping that is not `enabled: false`)."""
+    """Whether the trainer node trains a LoRA adapter (`lora_rank > 0`, as trainer=policy_gradient
+    says it; `lora: true`, `use_lora: true` or a `lora:` mapping that is not `enabled: false`)."""
+    rank = trainer.get("lora_rank")
+    if isinstance(rank, int) and not isinstance(rank, bool):
+        return rank > 0
     value = trainer.get("lora", trainer.get("use_lora"))
     if isinstance(value, dict):
         return bool(value) and value.get("enabled", True) is not False

@@ -6,6 +6,7 @@ from pipeline.stages.flatten import flatten_stage
 from pipeline.stages.generate import generate_stage, sample_filter_stage
 from pipeline.stages.log import log_stage
 from pipeline.stages.persist import persist_stage
+from pipeline.stages.train import train_stage
 from pipeline.stages.train_data import train_data_stage
 from pipeline.stages.validate import validate_stage
 
@@ -19,6 +20,7 @@ STAGES = (
     ("flatten", flatten_stage),
     ("rewards", rewards_stage),
     ("train_data", train_data_stage),
+    ("train", train_stage),
     ("persist", persist_stage),
     ("log", log_stage),
 )

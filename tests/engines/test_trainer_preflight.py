@@ -16,7 +16,9 @@ pytestmark = pytest.mark.timeout(60)
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 # any importable trainer: the check reads only that one is configured (and whether it is LoRA)
-TRAINER = {"_target_": "pipeline.data.buffer_filters.OldestFirst"}
+# a trainer node as the pre-flight check sees it (trainer=function's class; the check reads only
+# that the node names a target, and its LoRA keys)
+TRAINER = {"_target_": "pipeline.train.function.FunctionTrainer", "path": "pipeline.stages.log.rollout_metrics"}
 
 
 def compose_cfg(tmp: Path, *overrides: str) -> Any:
@@ -60,16 +62,14 @@ def test_no_trainer_means_no_check_and_lora_detection() -> None:
     assert [trainer_uses_lora(t) for t in ({}, {"lora": True}, {"use_lora": True}, {"lora": {}},
                                            {"lora": {"enabled": False}}, {"lora": {"r": 4}})] == \
         [False, True, True, False, False, True]
+    # trainer=policy_gradient says it with lora_rank (0: full fine-tuning)
+    assert [trainer_uses_lora({"lora_rank": r}) for r in (0, 16)] == [False, True]
 
 
 def test_validate_refuses_openai_with_a_trainer_and_passes_hf(tmp_path: Path) -> None:
-    cfg = compose_cfg(tmp_path, "engine=openai")
-    OmegaConf.set_struct(cfg, False)
-    validate(cfg)  # no trainer: fine
-    cfg.trainer = TRAINER
+    validate(compose_cfg(tmp_path, "engine=openai"))  # no trainer: fine
     with pytest.raises(ConfigError, match="trainer: engine=openai cannot follow a trainer"):
-        validate(cfg)
-    ok = compose_cfg(tmp_path)
-    OmegaConf.set_struct(ok, False)
-    ok.trainer = TRAINER
-    validate(ok)
+        validate(compose_cfg(tmp_path, "engine=openai", "trainer=policy_gradient"))
+    with pytest.raises(ConfigError, match="engine=openai follows a LoRA trainer only"):
+        validate(compose_cfg(tmp_path, "engine=openai", "trainer=policy_gradient", "trainer.lora_rank=8"))
+    validate(compose_cfg(tmp_path, "trainer=policy_gradient"))

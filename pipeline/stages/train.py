@@ -1,0 +1,79 @@
+"""Stage `train` (after "convert to train data"): the trainer updates the policy, the engine gets
+the new weights, the trainer's metrics join the rollout's.
+
+With `trainer=none` (no trainer part) the stage does nothing. The trainer's state is saved with
+each data-source checkpoint (`save_trainer`, before the data-source file, so a checkpoint on disk
+always has its trainer state) under `<run>/trainer/rollout_<id>/`, keeping the newest
+`TRAINER_STATES_KEPT`; a resume loads the state of the checkpoint it continues from and pushes
+those weights to the engine before the first rollout (`restore_trainer`). After the last rollout
+the policy is exported as a plain HF folder `<run>/policy/` (`export_policy`).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+from pipeline.stages.context import RolloutContext, StageParts
+from pipeline.train.sync import push_weights
+
+__all__ = ["TRAINER_STATES_KEPT", "export_policy", "restore_trainer", "save_trainer", "train_stage",
+           "trainer_state_dir"]
+
+logger = logging.getLogger(__name__)
+
+# trainer state folders kept (a full fine-tuned policy plus AdamW is ~1.6 GB for SmolLM2-135M)
+TRAINER_STATES_KEPT = 2
+_NAME = re.compile(r"^rollout_(-?\d+)$")
+
+
+def train_stage(ctx: RolloutContext, parts: StageParts) -> None:
+    """Train on `ctx.train_data`, push the weights to the engine, add the metrics."""
+    trainer = parts.plugin("trainer")
+    if trainer is None or ctx.train_data is None:
+        return
+    metrics = trainer.train(ctx.rollout_id, ctx.train_data)
+    metrics.update(push_weights(trainer, parts.plugin("engine"), parts.run_dir))
+    metrics["train/weight_version"] = float(trainer.weight_version)
+    ctx.metrics.update(metrics)
+
+
+def trainer_state_dir(run_dir: str, rollout_id: int) -> Path:
+    """`<run>/trainer/rollout_<id>`."""
+    return Path(run_dir) / "trainer" / f"rollout_{int(rollout_id)}"
+
+
+def save_trainer(trainer: Any, run_dir: str, rollout_id: int) -> None:
+    """Write the trainer state of `rollout_id` and prune older ones (newest TRAINER_STATES_KEPT)."""
+    trainer.save(str(trainer_state_dir(run_dir, rollout_id)))
+    root = Path(run_dir) / "trainer"
+    found = sorted((int(m[1]), p) for p in root.iterdir() if (m := _NAME.match(p.name)) and p.is_dir())
+    for _, old in found[:-TRAINER_STATES_KEPT]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def restore_trainer(trainer: Any, engine: Any, run_dir: str, rollout_id: int) -> None:
+    """Load the trainer state saved with checkpoint `rollout_id` and push its weights to the engine."""
+    folder = trainer_state_dir(run_dir, rollout_id)
+    if not folder.is_dir():
+        if not folder.parent.is_dir():  # the run had no trainer until now (allow_config_change=true)
+            logger.warning("resume: %s has no trainer state (the run so far had no trainer); the trainer starts "
+                           "from hf_checkpoint at weight version 0", run_dir)
+            return
+        raise FileNotFoundError(
+            f"resume: {folder} is missing: checkpoint rollout_{rollout_id} has no trainer state (the trainer "
+            f"states kept are {sorted(p.name for p in folder.parent.iterdir())})")
+    trainer.load(str(folder))
+    if trainer.weight_version > 0:
+        push_weights(trainer, engine, run_dir)
+
+
+def export_policy(trainer: Any, run_dir: str) -> None:
+    """The final policy as a plain HF folder `<run>/policy/` (trainers that can export)."""
+    export = getattr(trainer, "export_hf", None)
+    if callable(export):
+        folder = export(str(Path(run_dir) / "policy"))
+        logger.info("final policy written to %s", folder)

@@ -1,0 +1,135 @@
+"""Train data -> per-sample tensors, optimizer steps and micro-batches, and response log-probs.
+
+`TrainSamples` holds the rollout's samples in slime's per-sample form (token ids, response
+lengths, loss masks, rewards and per-token log-probs as lists of 1-D tensors). Optimizer steps
+take `global_batch_size` samples each (all of them when None); a step's micro-batches hold
+`micro_batch_size` samples, or with `max_tokens_per_gpu` as many consecutive samples as fit in
+that many padded tokens (a longer sample gets a micro-batch of its own).
+`response_log_probs` runs the model on a right-padded micro-batch and returns, per sample, the
+log-probs of its response tokens under `logits / temperature` (the engine's sampling
+distribution) and, when asked, the entropy of that distribution at each response position.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = ["TrainSamples", "micro_batches", "optimizer_steps", "pad_tokens", "response_log_probs"]
+
+
+@dataclass
+class TrainSamples:
+    """The rollout's samples as tensors (slime's per-sample layout)."""
+
+    tokens: list[torch.Tensor]
+    response_lengths: list[int]
+    loss_masks: list[torch.Tensor]
+    rewards: list[float]
+    rollout_log_probs: list[torch.Tensor] | None
+
+    @classmethod
+    def from_train_data(cls, train_data: dict[str, Any]) -> TrainSamples:
+        """Read the slime-keyed train data the pipeline produces (pipeline.stages.train_data)."""
+        for key in ("tokens", "response_lengths", "loss_masks", "rewards"):
+            if key not in train_data:
+                raise ValueError(f"train data has no {key!r} (keys: {sorted(train_data)})")
+        tokens = [torch.as_tensor(list(t), dtype=torch.long) for t in train_data["tokens"]]
+        lengths = [int(n) for n in train_data["response_lengths"]]
+        masks = [torch.as_tensor(list(m), dtype=torch.float32) for m in train_data["loss_masks"]]
+        for i, (tok, n, mask) in enumerate(zip(tokens, lengths, masks, strict=True)):
+            if not 0 < n < len(tok):
+                raise ValueError(f"sample {i}: response_length {n} must be in 1..{len(tok) - 1} "
+                                 f"(it has {len(tok)} tokens and needs a prompt token)")
+            if mask.shape[0] != n:
+                raise ValueError(f"sample {i}: loss_mask has {mask.shape[0]} entries, response_length is {n}")
+        rollout = train_data.get("rollout_log_probs")
+        rollout_lp = None
+        if rollout is not None:
+            rollout_lp = [torch.as_tensor(list(r), dtype=torch.float32) for r in rollout]
+            for i, (r, n) in enumerate(zip(rollout_lp, lengths, strict=True)):
+                if r.shape[0] != n:
+                    raise ValueError(f"sample {i}: rollout_log_probs has {r.shape[0]} entries, "
+                                     f"response_length is {n}")
+        rewards = [float(r) for r in train_data["rewards"]]
+        return cls(tokens, lengths, masks, rewards, rollout_lp)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def total_lengths(self) -> list[int]:
+        return [int(t.shape[0]) for t in self.tokens]
+
+    def num_tokens(self) -> int:
+        return sum(self.total_lengths)
+
+
+def optimizer_steps(n_samples: int, global_batch_size: int | None) -> list[list[int]]:
+    """Sample indices per optimizer step, in order."""
+    size = n_samples if not global_batch_size else int(global_batch_size)
+    return [list(range(i, min(i + size, n_samples))) for i in range(0, n_samples, max(size, 1))]
+
+
+def micro_batches(indices: list[int], total_lengths: list[int], micro_batch_size: int,
+                  max_tokens_per_gpu: int | None) -> list[list[int]]:
+    """Split one step's samples into micro-batches: by count, or by padded tokens (n x longest)."""
+    if not max_tokens_per_gpu:
+        size = max(int(micro_batch_size), 1)
+        return [indices[i:i + size] for i in range(0, len(indices), size)]
+    out: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for i in indices:
+        grown = max(longest, total_lengths[i])
+        if current and grown * (len(current) + 1) > max_tokens_per_gpu:
+            out.append(current)
+            current, grown = [], total_lengths[i]
+        current.append(i)
+        longest = grown
+    if current:
+        out.append(current)
+    return out
+
+
+def pad_tokens(tokens: list[torch.Tensor], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ids [B, T] and attention mask [B, T]."""
+    width = max(int(t.shape[0]) for t in tokens)
+    ids = torch.full((len(tokens), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(tokens), width), dtype=torch.long)
+    for row, t in enumerate(tokens):
+        ids[row, : t.shape[0]] = t
+        mask[row, : t.shape[0]] = 1
+    return ids, mask
+
+
+def response_log_probs(model: Any, tokens: list[torch.Tensor], response_lengths: list[int],
+                       temperature: float, with_entropy: bool, autocast_dtype: torch.dtype | None = None,
+                       ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+    """Per sample: log-probs of its response tokens (float32) and optionally the entropy."""
+    ids, attention = pad_tokens(tokens)
+    width = ids.shape[1]
+    first_logit = min(int(t.shape[0]) - n - 1 for t, n in zip(tokens, response_lengths))
+    keep = width - first_logit  # logits of positions first_logit .. width - 1
+    with torch.autocast("cpu", dtype=autocast_dtype, enabled=autocast_dtype is not None):
+        logits = model(input_ids=ids, attention_mask=attention, logits_to_keep=keep, use_cache=False).logits
+    log_probs: list[torch.Tensor] = []
+    entropies: list[torch.Tensor] | None = [] if with_entropy else None
+    for row, (t, n) in enumerate(zip(tokens, response_lengths)):
+        total = int(t.shape[0])
+        start = total - n - 1 - first_logit  # logit predicting the first response token
+        scaled = _at_least_float32(logits[row, start:start + n])
+        if temperature != 1.0:
+            scaled = scaled / temperature
+        logp_all = torch.log_softmax(scaled, dim=-1)
+        log_probs.append(logp_all.gather(-1, t[total - n:].unsqueeze(-1)).squeeze(-1))
+        if entropies is not None:
+            entropies.append(-(logp_all.exp() * logp_all).sum(-1))
+    return log_probs, entropies
+
+
+def _at_least_float32(x: torch.Tensor) -> torch.Tensor:
+    """bf16/fp16 -> float32; float32 and float64 stay as they are."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))

@@ -1,0 +1,188 @@
+"""Policy-gradient loss numerics, equal to slime's `slime/utils/ppo_utils.py` and its loss reducers.
+
+Tensors are slime's layout: per-token values of a micro-batch's responses concatenated into one
+flat tensor (sample i contributes `response_lengths[i]` entries), per-sample values as lists.
+
+- `compute_policy_loss`: PPO-clip with asymmetric bounds `[1 - eps_clip, 1 + eps_clip_high]`
+  (clip-higher) and optional dual clip `eps_clip_c` (> 1) capping the loss of negative-advantage
+  tokens at `eps_clip_c * |A|`. `ppo_kl = old_log_probs - log_probs`, so ratio = exp(-ppo_kl).
+- `compute_gspo_kl`: GSPO's sequence-level ratio: each sample's masked mean of `old - new`,
+  repeated over its tokens (the gradient flows through the mean to every token).
+- `compute_cispo_loss`: CISPO, `-sg(clamp(ratio)) * A * log_probs`.
+- `compute_approx_kl`: KL to a reference, estimators k1, k2, k3 (= low_var_kl, which is also
+  clamped to [-10, 10]), optionally importance-weighted (`use_unbiased_kl`).
+- `vanilla_tis_function`: truncated importance sampling between the trainer's (old) log-probs and
+  the rollout engine's: the pg loss times `clamp(exp(train - rollout), tis_clip_low, tis_clip)`;
+  the signature is slime's `--custom-tis-function-path` one.
+- `sample_mean_reducer` / `batch_normalizer`: the aggregation (`loss_agg_mode`). A reducer maps a
+  flat per-token tensor of one micro-batch to a sum; dividing the sum over micro-batches by the
+  global batch's normalizer gives the loss, whatever the micro-batch split:
+
+  | mode                    | per-sample term                | normalizer                      |
+  |-------------------------|--------------------------------|---------------------------------|
+  | token-mean              | sum_t m x                      | sum_i max(sum_t m_i, 1)         |
+  | seq-mean-token-mean     | sum_t m x / max(sum_t m, 1)    | number of samples               |
+  | seq-mean-token-sum-norm | sum_t m x / loss_agg_norm_len  | number of samples (Dr. GRPO)    |
+
+  token-mean is slime's `--calculate-per-token-loss`, seq-mean-token-mean slime's default
+  (`sum_of_sample_mean` scaled by 1 / global_batch_size), seq-mean-token-sum-norm Dr. GRPO's
+  constant-length normalisation (verl's name; slime gets it through a custom pg-loss reducer).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from pipeline.train.choices import KL_LOSS_TYPES, LOSS_AGG_MODES
+
+__all__ = [
+    "KL_LOSS_TYPES",
+    "LOSS_AGG_MODES",
+    "batch_normalizer",
+    "compute_approx_kl",
+    "compute_cispo_loss",
+    "compute_gspo_kl",
+    "compute_policy_loss",
+    "sample_mean_reducer",
+    "vanilla_tis_function",
+]
+
+
+Reducer = Callable[[torch.Tensor], torch.Tensor]
+
+
+def compute_policy_loss(
+    ppo_kl: torch.Tensor,
+    advantages: torch.Tensor,
+    eps_clip: float,
+    eps_clip_high: float,
+    eps_clip_c: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token PPO-clip losses and the clipped indicator (1.0 where the clipped term won)."""
+    ratio = torch.exp(-ppo_kl)
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1.0 - eps_clip, 1.0 + eps_clip_high)
+    losses = torch.maximum(unclipped, clipped)
+    clipfrac = (clipped > unclipped).float()
+    if eps_clip_c is not None:
+        if eps_clip_c <= 1.0:
+            raise ValueError(f"eps_clip_c (dual-clip bound) must be > 1.0, got {eps_clip_c}")
+        capped = torch.minimum(losses, -advantages * eps_clip_c)
+        losses = torch.where(advantages < 0, capped, losses)
+    return losses, clipfrac
+
+
+def compute_cispo_loss(
+    ppo_kl: torch.Tensor,
+    log_probs: torch.Tensor,
+    advantages: torch.Tensor,
+    eps_clip: float,
+    eps_clip_high: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """CISPO (MiniMax-M1): the clamped ratio, without gradient, weighs `-A * log_probs`."""
+    ratio = torch.exp(-ppo_kl)
+    weight = ratio.clamp(1.0 - eps_clip, 1.0 + eps_clip_high)
+    losses = -weight.detach() * advantages * log_probs
+    return losses, (weight != ratio).float()
+
+
+def compute_gspo_kl(
+    log_probs: list[torch.Tensor],
+    old_log_probs: list[torch.Tensor],
+    loss_masks: list[torch.Tensor],
+) -> torch.Tensor:
+    """Per sample the masked mean of `old - new` (its sequence-level log-ratio, negated), repeated
+    over the sample's tokens; concatenated."""
+    pieces = []
+    for new, old, mask in zip(log_probs, old_log_probs, loss_masks, strict=True):
+        mean = ((old - new) * mask).sum() / mask.sum().clamp_min(1)
+        pieces.append(mean.expand(new.shape[0]))
+    if not pieces:
+        return torch.zeros(0)
+    return torch.cat(pieces)
+
+
+def compute_approx_kl(
+    log_probs: torch.Tensor,
+    log_probs_base: torch.Tensor,
+    kl_loss_type: str,
+    importance_ratio: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Per-token KL(new || base) estimate (Schulman's k1, k2, k3), in float32 at least."""
+    dtype = torch.promote_types(torch.promote_types(log_probs.dtype, log_probs_base.dtype), torch.float32)
+    log_ratio = log_probs.to(dtype) - log_probs_base.to(dtype)
+    if kl_loss_type == "k1":
+        kl = log_ratio
+    elif kl_loss_type == "k2":
+        kl = 0.5 * log_ratio.square()
+    elif kl_loss_type in ("k3", "low_var_kl"):
+        kl = torch.expm1(-log_ratio) + log_ratio
+    else:
+        raise ValueError(f"kl_loss_type must be one of {list(KL_LOSS_TYPES)}, got {kl_loss_type!r}")
+    if importance_ratio is not None:
+        kl = importance_ratio * kl
+    if kl_loss_type == "low_var_kl":
+        kl = kl.clamp(-10.0, 10.0)
+    return kl
+
+
+def vanilla_tis_function(
+    args: Any,
+    *,
+    pg_loss: torch.Tensor,
+    train_log_probs: list[torch.Tensor],
+    rollout_log_probs: list[torch.Tensor],
+    loss_masks: list[torch.Tensor],
+    **kwargs: Any,
+) -> tuple[torch.Tensor, list[torch.Tensor], dict[str, torch.Tensor]]:
+    """Truncated importance sampling: `pg_loss * clamp(exp(train - rollout), args.tis_clip_low,
+    args.tis_clip)`; returns (pg_loss, loss_masks unchanged, per-token metrics tis, tis_clipfrac,
+    tis_abs)."""
+    ratio = torch.exp(torch.cat(train_log_probs) - torch.cat(rollout_log_probs))
+    weights = ratio.clamp(args.tis_clip_low, args.tis_clip)
+    metrics = {
+        "tis": ratio.detach(),
+        "tis_clipfrac": (weights != ratio).float().detach(),
+        "tis_abs": (ratio - 1.0).abs().detach(),
+    }
+    return pg_loss * weights, loss_masks, metrics
+
+
+def sample_mean_reducer(
+    response_lengths: list[int],
+    loss_masks: list[torch.Tensor],
+    loss_agg_mode: str,
+    loss_agg_norm_len: int | None = None,
+) -> Reducer:
+    """`x -> sum_i term_i(x)` over one micro-batch's flat per-token tensor (table in the module
+    docstring); `loss_agg_norm_len` is the constant length of seq-mean-token-sum-norm."""
+    if loss_agg_mode not in LOSS_AGG_MODES:
+        raise ValueError(f"loss_agg_mode must be one of {list(LOSS_AGG_MODES)}, got {loss_agg_mode!r}")
+    lengths = [int(m.shape[0]) for m in loss_masks]
+    if lengths != [int(n) for n in response_lengths]:
+        raise ValueError(f"loss_masks lengths {lengths} differ from response_lengths {list(response_lengths)}")
+    if not loss_masks:
+        return lambda x: x.sum() * 0.0
+    masks = [m.float() for m in loss_masks]
+    if loss_agg_mode == "token-mean":
+        weights = torch.cat(masks)
+    elif loss_agg_mode == "seq-mean-token-mean":
+        weights = torch.cat([m / m.sum().clamp_min(1.0) for m in masks])
+    else:
+        if loss_agg_norm_len is None or loss_agg_norm_len <= 0:
+            raise ValueError(f"seq-mean-token-sum-norm needs a positive loss_agg_norm_len, got {loss_agg_norm_len}")
+        weights = torch.cat(masks) / float(loss_agg_norm_len)
+
+    def reduce(x: torch.Tensor) -> torch.Tensor:
+        return (x * weights.to(x.dtype)).sum()
+
+    return reduce
+
+
+def batch_normalizer(loss_masks: list[torch.Tensor], loss_agg_mode: str) -> float:
+    """The global batch's divisor for the summed reducer outputs (module docstring)."""
+    if loss_agg_mode == "token-mean":
+        return float(sum(max(float(m.sum()), 1.0) for m in loss_masks))
+    return float(max(len(loss_masks), 1))

@@ -1,0 +1,282 @@
+"""`trainer=policy_gradient`: an in-process policy-gradient trainer (slime's loss, slime's key names).
+
+`train(rollout_id, train_data)` runs one round of updates on the rollout's train data:
+1. old log-probs: recomputed by the trainer with the current weights before any update (default),
+   or the rollout engine's (`use_rollout_logprobs`); reference log-probs when `use_kl_loss`;
+2. advantages: each sample's post-processed reward on every response token (slime's GRPO-family
+   returns), or a custom `fn(args, rollout_data) -> None` setting rollout_data["advantages"];
+3. per optimizer step (`global_batch_size` samples; all when null): gradient accumulation over
+   micro-batches (`micro_batch_size` samples, or `max_tokens_per_gpu` padded tokens with
+   `use_dynamic_batch_size`), loss `pipeline.train.objective.policy_loss` (or slime's custom
+   `fn(args, batch, logits, sum_of_sample_mean)` with `loss_type: custom_loss`), gradient
+   clipping at `clip_grad`, AdamW with the warm-up/decay schedule;
+4. `weight_version` goes up by one; metrics train/* and perf/* come back.
+`weights_for_engine()` gives the policy under full HF names (LoRA merged); `save(dir)` / `load(dir)`
+write and read the whole state (`pipeline.train.state`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from pipeline.config import SlimeArgs
+from pipeline.engines.assets import resolve_checkpoint
+from pipeline.plugins import allowed_targets, load_object
+from pipeline.train import batches, model as policy_model
+from pipeline.train.losses import KL_LOSS_TYPES, LOSS_AGG_MODES, batch_normalizer, sample_mean_reducer
+from pipeline.train.objective import LossHooks, MicroBatch, policy_loss
+from pipeline.train.optim import LrSchedule, make_adamw
+from pipeline.train.state import load_state, save_state
+
+__all__ = ["PolicyGradientTrainer", "HOOK_KEYS"]
+
+logger = logging.getLogger(__name__)
+
+# slime's trainer-side hook keys (dotted paths, loaded with the run's allowlist in `bind_args`)
+HOOK_KEYS = ("custom_loss_function_path", "custom_advantage_function_path", "custom_tis_function_path",
+             "custom_pg_loss_reducer_function_path")
+
+
+@dataclass
+class _Prepared:
+    """A rollout's samples with everything fixed before the updates."""
+
+    samples: batches.TrainSamples
+    advantages: list[torch.Tensor]
+    old_log_probs: list[torch.Tensor]
+    ref_log_probs: list[torch.Tensor] | None
+
+
+class PolicyGradientTrainer:
+    """The in-process trainer (module docstring). Keyword arguments are the YAML keys
+    (conf/trainer/policy_gradient.yaml, which documents each); `model` injects a loaded model."""
+
+    def __init__(self, *, args: Any = None, model: Any = None, **keys: Any) -> None:
+        self.keys = dict(keys)
+        k = self.keys
+        if k["kl_loss_type"] not in KL_LOSS_TYPES:
+            raise ValueError(f"trainer.kl_loss_type must be one of {list(KL_LOSS_TYPES)}, got {k['kl_loss_type']!r}")
+        if k["loss_agg_mode"] not in LOSS_AGG_MODES:
+            raise ValueError(f"trainer.loss_agg_mode must be one of {list(LOSS_AGG_MODES)}, got {k['loss_agg_mode']!r}")
+        if k["loss_type"] not in ("policy_loss", "custom_loss"):
+            raise ValueError(f"trainer.loss_type must be policy_loss or custom_loss, got {k['loss_type']!r}")
+        self._schedule = LrSchedule(k["lr"], k["min_lr"], k["lr_warmup_iters"], k["lr_decay_iters"],
+                                    k["lr_decay_style"])
+        self._model = model
+        self._reference: Any = None
+        self._optimizer: torch.optim.Optimizer | None = None
+        self._args: Any = None
+        self._hooks: dict[str, Callable[..., Any] | None] = {key: None for key in HOOK_KEYS}
+        self.weight_version = 0
+        self.optimizer_step = 0
+        if args is not None:
+            self.bind_args(args)
+
+    # -- set-up ---------------------------------------------------------------------------------
+
+    def bind_args(self, args: Any) -> None:
+        """Give slime hooks the run's args (with this trainer's keys on top) and load the hook
+        paths through the run's allowlist."""
+        base = args.as_dict() if hasattr(args, "as_dict") else dict(vars(args))
+        self._args = SlimeArgs({**base, **self.keys})
+        allowed = allowed_targets(base)
+        for key in HOOK_KEYS:
+            path = self.keys.get(key)
+            self._hooks[key] = load_object(path, allowed, f"trainer.{key}") if path else None
+        if self.keys["loss_type"] == "custom_loss" and self._hooks["custom_loss_function_path"] is None:
+            raise ValueError("trainer.loss_type=custom_loss needs trainer.custom_loss_function_path")
+
+    @property
+    def args(self) -> Any:
+        """What slime hooks get: the run's args with this trainer's keys on top."""
+        if self._args is None:
+            self._args = SlimeArgs(self.keys)
+        return self._args
+
+    @property
+    def model(self) -> Any:
+        """The policy (loaded on first use)."""
+        if self._model is None:
+            k = self.keys
+            self._model = policy_model.load_policy(k["hf_checkpoint"], k["cache_dir"], k["lora_rank"],
+                                                   k["lora_alpha"], k["lora_dropout"], k["lora_target_modules"])
+        elif self.keys["lora_rank"] > 0 and not policy_model.is_lora(self._model):
+            k = self.keys
+            self._model = policy_model.wrap_lora(self._model, k["lora_rank"], k["lora_alpha"], k["lora_dropout"],
+                                                 k["lora_target_modules"])
+        return self._model
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        if self._optimizer is None:
+            k = self.keys
+            self._optimizer = make_adamw(self.model.parameters(), k["lr"], k["weight_decay"], k["adam_beta1"],
+                                         k["adam_beta2"], k["adam_eps"])
+        return self._optimizer
+
+    def _autocast(self) -> torch.dtype | None:
+        return torch.bfloat16 if self.keys["bf16"] else None
+
+    # -- the update -----------------------------------------------------------------------------
+
+    def train(self, rollout_id: int, train_data: dict[str, Any]) -> dict[str, float]:
+        """One round of updates on `train_data`; returns train/* and perf/* metrics."""
+        start = time.perf_counter()
+        torch.set_num_threads(int(self.keys["num_threads"]))
+        prepared = self.prepare(train_data)
+        if not len(prepared.samples):
+            logger.warning("rollout %d: no train samples; the trainer skips this rollout", rollout_id)
+            return {}
+        sums: dict[str, float] = {}
+        steps = batches.optimizer_steps(len(prepared.samples), self.keys["global_batch_size"])
+        lr = self._schedule.at(self.optimizer_step)
+        for indices in steps:
+            lr = self._schedule.apply(self.optimizer, self.optimizer_step)
+            self.optimizer.zero_grad(set_to_none=True)
+            metrics = self.accumulate(prepared, indices, backward=True)
+            grad_norm = torch.nn.utils.clip_grad_norm_(
+                [p for p in self.model.parameters() if p.requires_grad], float(self.keys["clip_grad"]))
+            self.optimizer.step()
+            self.optimizer_step += 1
+            metrics["grad_norm"] = float(grad_norm)
+            for key, value in metrics.items():
+                sums[key] = sums.get(key, 0.0) + value
+        self.weight_version += 1
+        elapsed = time.perf_counter() - start
+        out = {f"train/{key}": value / max(len(steps), 1) for key, value in sums.items()}
+        out["train/lr"] = lr
+        out["perf/train_time"] = elapsed
+        out["perf/train_tokens_per_sec"] = prepared.samples.num_tokens() / elapsed if elapsed > 0 else 0.0
+        logger.info("rollout %d: %d optimizer step(s), loss %.4g, weight version %d", rollout_id, len(steps),
+                    out.get("train/loss", float("nan")), self.weight_version)
+        return out
+
+    def prepare(self, train_data: dict[str, Any]) -> _Prepared:
+        """Fix old log-probs, reference log-probs and advantages before any update."""
+        samples = batches.TrainSamples.from_train_data(train_data)
+        if self.keys["use_rollout_logprobs"]:
+            if samples.rollout_log_probs is None:
+                raise ValueError("trainer.use_rollout_logprobs needs rollout_log_probs in the train data")
+            old = [lp.clone() for lp in samples.rollout_log_probs]
+        else:
+            old = self._no_grad_log_probs(self.model, samples)
+        ref = None
+        if self.keys["use_kl_loss"]:
+            self._keep_reference()
+            with policy_model.reference_context(self.model, self._reference) as reference:
+                ref = self._no_grad_log_probs(reference, samples)
+        advantages = [torch.full((n,), r, dtype=torch.float32) for r, n in zip(samples.rewards,
+                                                                               samples.response_lengths)]
+        hook = self._hooks["custom_advantage_function_path"]
+        if hook is not None:
+            rollout_data = {"rewards": list(samples.rewards), "loss_masks": samples.loss_masks,
+                            "response_lengths": samples.response_lengths, "total_lengths": samples.total_lengths,
+                            "tokens": samples.tokens, "log_probs": old, "ref_log_probs": ref,
+                            "rollout_log_probs": samples.rollout_log_probs, "advantages": advantages}
+            hook(self.args, rollout_data)
+            advantages = [torch.as_tensor(a, dtype=torch.float32) for a in rollout_data["advantages"]]
+        return _Prepared(samples, advantages, old, ref)
+
+    def _keep_reference(self) -> None:
+        """Full fine-tuning with the KL loss: a frozen copy of the initial policy, taken before the
+        first update or state load (LoRA: the base with adapters off needs no copy)."""
+        if self.keys["use_kl_loss"] and self._reference is None and not policy_model.is_lora(self.model):
+            if self.weight_version:
+                raise RuntimeError("the KL reference must be copied before the policy changes")
+            self._reference = policy_model.frozen_copy(self.model)
+
+    def _no_grad_log_probs(self, model: Any, samples: batches.TrainSamples) -> list[torch.Tensor]:
+        out: list[torch.Tensor] = []
+        with torch.no_grad():
+            for mb in self._micro_batches(samples, list(range(len(samples)))):
+                lps, _ = batches.response_log_probs(model, [samples.tokens[i] for i in mb],
+                                                    [samples.response_lengths[i] for i in mb],
+                                                    self.keys["rollout_temperature"], False, self._autocast())
+                out += lps
+        return out
+
+    def _micro_batches(self, samples: batches.TrainSamples, indices: list[int]) -> list[list[int]]:
+        k = self.keys
+        max_tokens = k["max_tokens_per_gpu"] if k["use_dynamic_batch_size"] else None
+        return batches.micro_batches(indices, samples.total_lengths, k["micro_batch_size"], max_tokens)
+
+    def accumulate(self, prepared: _Prepared, indices: list[int], backward: bool) -> dict[str, float]:
+        """Loss and metrics of the samples `indices` (one optimizer step), as batch means;
+        gradients accumulate into the parameters when `backward`."""
+        s = prepared.samples
+        mode = self.keys["loss_agg_mode"]
+        normalizer = batch_normalizer([s.loss_masks[i] for i in indices], mode)
+        totals: dict[str, float] = {}
+        for mb in self._micro_batches(s, indices):
+            batch = MicroBatch(
+                response_lengths=[s.response_lengths[i] for i in mb], total_lengths=[s.total_lengths[i] for i in mb],
+                loss_masks=[s.loss_masks[i] for i in mb], advantages=[prepared.advantages[i] for i in mb],
+                old_log_probs=[prepared.old_log_probs[i] for i in mb],
+                ref_log_probs=None if prepared.ref_log_probs is None else [prepared.ref_log_probs[i] for i in mb],
+                rollout_log_probs=None if s.rollout_log_probs is None else [s.rollout_log_probs[i] for i in mb])
+            reduce = sample_mean_reducer(batch.response_lengths, batch.loss_masks, mode,
+                                         self.keys["loss_agg_norm_len"])
+            tokens = [s.tokens[i] for i in mb]
+            if self.keys["loss_type"] == "custom_loss":
+                loss, metrics = self._custom_loss(batch, tokens, reduce)
+            else:
+                log_probs, entropy = batches.response_log_probs(
+                    self.model, tokens, batch.response_lengths, self.keys["rollout_temperature"], True,
+                    self._autocast())
+                hooks = LossHooks(tis=self._hooks["custom_tis_function_path"],
+                                  pg_loss_reducer=self._hooks["custom_pg_loss_reducer_function_path"])
+                loss, metrics = policy_loss(self.args, batch, log_probs, entropy, reduce, hooks)
+            if backward:
+                (loss / normalizer).backward()
+            for key, value in metrics.items():
+                totals[key] = totals.get(key, 0.0) + float(value) / normalizer
+        return totals
+
+    def _custom_loss(self, batch: MicroBatch, tokens: list[torch.Tensor], reduce: Callable[..., Any]) -> Any:
+        """slime's `custom_loss(args, batch, logits, sum_of_sample_mean) -> (loss, metrics)`, with
+        logits packed as slime's [1, sum(total_lengths), vocab] float32."""
+        ids, attention = batches.pad_tokens(tokens)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.keys["bf16"]):
+            logits = self.model(input_ids=ids, attention_mask=attention, use_cache=False).logits
+        packed = torch.cat([logits[i, : int(t.shape[0])] for i, t in enumerate(tokens)]).float().unsqueeze(0)
+        slime_batch = {
+            "unconcat_tokens": tokens, "total_lengths": batch.total_lengths,
+            "response_lengths": batch.response_lengths, "loss_masks": batch.loss_masks,
+            "advantages": batch.advantages, "log_probs": batch.old_log_probs,
+            "ref_log_probs": batch.ref_log_probs, "rollout_log_probs": batch.rollout_log_probs,
+        }
+        return self._hooks["custom_loss_function_path"](self.args, slime_batch, packed, reduce)
+
+    # -- weights and state ----------------------------------------------------------------------
+
+    def weights_for_engine(self) -> dict[str, torch.Tensor]:
+        """The policy under full HF state-dict names, LoRA merged (see model.merged_state_dict)."""
+        return policy_model.merged_state_dict(self.model)
+
+    def save_lora_adapter(self, directory: str) -> str:
+        """The LoRA adapter as a peft folder (for engines that load adapters: vLLM)."""
+        return policy_model.save_adapter(self.model, directory)
+
+    def export_hf(self, directory: str) -> str:
+        """The policy (LoRA merged) as a plain HF folder with the checkpoint's tokenizer."""
+        k = self.keys
+        folder = resolve_checkpoint(k["hf_checkpoint"], k["cache_dir"]) if k["hf_checkpoint"] is not None else None
+        return policy_model.export_hf(self.model, folder, directory)
+
+    def save(self, directory: str) -> None:
+        """Write policy, optimizer, schedule position, RNG states and weight version (atomically)."""
+        save_state(directory, self.model, self.optimizer,
+                   {"weight_version": self.weight_version, "optimizer_step": self.optimizer_step})
+
+    def load(self, directory: str) -> None:
+        """Restore what `save` wrote."""
+        self._keep_reference()  # the initial policy, not the loaded one
+        counters = load_state(directory, self.model, self.optimizer)
+        self.weight_version = int(counters["weight_version"])
+        self.optimizer_step = int(counters["optimizer_step"])
+        logger.info("trainer state loaded from %s (weight version %d)", directory, self.weight_version)

@@ -1,0 +1,69 @@
+"""Pre-flight checks of the `trainer` node (called by `validate` through config_rules): each
+problem names the key, the value and what is expected, before anything is built."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipeline.train.choices import KL_LOSS_TYPES, LOSS_AGG_MODES, LR_DECAY_STYLES
+
+__all__ = ["trainer_problems"]
+
+_POLICY_GRADIENT = "pipeline.train.policy_gradient.PolicyGradientTrainer"
+_FUNCTION = "pipeline.train.function.FunctionTrainer"
+_CHOICES = {"kl_loss_type": KL_LOSS_TYPES, "loss_agg_mode": LOSS_AGG_MODES, "lr_decay_style": LR_DECAY_STYLES,
+            "loss_type": ("policy_loss", "custom_loss")}
+_POSITIVE_INTS = ("micro_batch_size", "num_threads")
+_NON_NEGATIVE = ("lr", "min_lr", "weight_decay", "clip_grad", "eps_clip", "entropy_coef", "kl_loss_coef",
+                 "tis_clip_low", "lr_warmup_iters", "lora_rank")
+
+
+def trainer_problems(cfg: dict[str, Any]) -> list[str]:
+    """Problems of `cfg["trainer"]` (empty: fine, or no trainer)."""
+    node = cfg.get("trainer")
+    if not isinstance(node, dict):
+        return []
+    target = node.get("_target_")
+    if target == _FUNCTION and not node.get("path"):
+        return ["trainer=function needs trainer.path=<pkg.module.train> (your train(args, rollout_id, train_data) "
+                "-> metrics)"]
+    if target != _POLICY_GRADIENT:
+        return []
+    out: list[str] = []
+    for key, choices in _CHOICES.items():
+        if node.get(key) not in choices:
+            out.append(f"trainer.{key}={node.get(key)!r}: expected one of {list(choices)}")
+    for key in _POSITIVE_INTS:
+        if not _is_int(node.get(key)) or node[key] < 1:
+            out.append(f"trainer.{key}={node.get(key)!r}: expected an integer >= 1")
+    for key in _NON_NEGATIVE:
+        if not _is_number(node.get(key)) or node[key] < 0:
+            out.append(f"trainer.{key}={node.get(key)!r}: expected a number >= 0")
+    gbs = node.get("global_batch_size")
+    if gbs is not None and (not _is_int(gbs) or gbs < 1):
+        out.append(f"trainer.global_batch_size={gbs!r}: expected null (the whole rollout) or an integer >= 1")
+    if node.get("use_dynamic_batch_size") and not (_is_int(node.get("max_tokens_per_gpu"))
+                                                   and node["max_tokens_per_gpu"] >= 1):
+        out.append(f"trainer.use_dynamic_batch_size=true needs trainer.max_tokens_per_gpu >= 1 (got "
+                   f"{node.get('max_tokens_per_gpu')!r})")
+    clip_c = node.get("eps_clip_c")
+    if clip_c is not None and (not _is_number(clip_c) or clip_c <= 1.0):
+        out.append(f"trainer.eps_clip_c={clip_c!r}: the dual-clip bound must be > 1 (or null: off)")
+    if node.get("loss_agg_mode") == "seq-mean-token-sum-norm" and not (
+            _is_int(node.get("loss_agg_norm_len")) and node["loss_agg_norm_len"] >= 1):
+        out.append(f"trainer.loss_agg_mode=seq-mean-token-sum-norm needs trainer.loss_agg_norm_len >= 1 (got "
+                   f"{node.get('loss_agg_norm_len')!r})")
+    if node.get("loss_type") == "custom_loss" and not node.get("custom_loss_function_path"):
+        out.append("trainer.loss_type=custom_loss needs trainer.custom_loss_function_path=<pkg.module.fn>")
+    if node.get("use_rollout_logprobs") and node.get("use_tis"):
+        out.append("trainer.use_rollout_logprobs and trainer.use_tis together: TIS weighs the trainer's old "
+                   "log-probs against the rollout's, which are then the same (slime refuses this too)")
+    return out
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

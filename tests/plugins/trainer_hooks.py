@@ -1,0 +1,45 @@
+"""slime-signature trainer hooks for tests/train (each records that it ran)."""
+
+import torch
+
+CALLS: list[str] = []
+
+
+def double_advantages(args, rollout_data):
+    """custom advantage: twice the reward on every token."""
+    CALLS.append("advantage")
+    rollout_data["advantages"] = [torch.full((n,), 2.0 * r) for r, n in
+                                  zip(rollout_data["rewards"], rollout_data["response_lengths"])]
+    rollout_data["returns"] = rollout_data["advantages"]
+
+
+def half_tis(args, *, pg_loss, train_log_probs, rollout_log_probs, loss_masks, **kwargs):
+    """custom TIS: weight 0.5 on every token."""
+    CALLS.append("tis")
+    return pg_loss * 0.5, loss_masks, {"half": torch.full_like(pg_loss, 0.5)}
+
+
+def constant_reducer(total_lengths, response_lengths, loss_masks, calculate_per_token_loss):
+    """custom pg-loss reducer: masked token sum / 1000 (slime's Dr. GRPO example)."""
+    CALLS.append("reducer")
+    mask = torch.cat(loss_masks)
+    return lambda x: (x * mask).sum() / 1000.0
+
+
+def sft_like_loss(args, batch, logits, sum_of_sample_mean):
+    """custom loss: negative log-likelihood of the response tokens from slime's packed logits."""
+    CALLS.append("loss")
+    assert logits.dtype == torch.float32 and logits.dim() == 3 and logits.shape[0] == 1
+    pieces = []
+    end = 0
+    for tokens, total, n in zip(batch["unconcat_tokens"], batch["total_lengths"], batch["response_lengths"]):
+        end += total
+        rows = logits[0, end - n - 1:end - 1].log_softmax(-1)
+        pieces.append(rows.gather(-1, tokens[-n:].unsqueeze(-1)).squeeze(-1))
+    loss = -sum_of_sample_mean(torch.cat(pieces))
+    return loss, {"loss": loss.detach(), "nll": loss.detach()}
+
+
+def count_train_data(args, rollout_id, train_data):
+    """A user trainer for trainer=function: reports how many samples it got."""
+    return {"samples": float(len(train_data["tokens"]))}

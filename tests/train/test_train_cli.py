@@ -1,0 +1,90 @@
+"""The trainer through the CLI (`python run.py trainer=...` in a subprocess): metrics per rollout,
+trainer state with each checkpoint, resume, and the pre-flight errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from pipeline.sinks.jsonl import read_metrics
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("trainer_cli")
+    rows = [{"input": f"What is {i} + {i + 2}?", "label": str(2 * i + 2)} for i in range(20)]
+    (d / "arith.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return d / "arith.jsonl"
+
+
+def run_cli(args: list[str], timeout: int = 300, ok: bool = True) -> subprocess.CompletedProcess:
+    env = dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true", HYDRA_FULL_ERROR="1")
+    proc = subprocess.run([sys.executable, "run.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    if ok:
+        assert proc.returncode == 0, f"run.py {' '.join(args)}:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    return proc
+
+
+def test_function_trainer_metrics_state_and_resume(data, tmp_path):
+    run = tmp_path / "run"
+    common = ["engine=scripted", "logger=jsonl", f"data_source.path={data}", "rollout_batch_size=2",
+              "n_samples_per_prompt=2", "rollout.progress=false", "rollout.summary=false", "trainer=function",
+              "trainer.path=tests.plugins.trainer_hooks.count_train_data", "allowed_targets_extra=[tests.]",
+              f"hydra.run.dir={run}"]
+    run_cli(common + ["num_rollout=2"])
+    rows = read_metrics(run / "metrics.jsonl")
+    assert [r["train/samples"] for r in rows] == [4.0, 4.0]
+    assert [r["train/weight_version"] for r in rows] == [1.0, 2.0]
+    assert all("perf/stage/train_time" in r for r in rows)
+    assert sorted(p.name for p in (run / "trainer").iterdir()) == ["rollout_0", "rollout_1"]
+    run_cli([f"resume={run}", "num_rollout=3"])
+    rows = read_metrics(run / "metrics.jsonl")
+    assert [r["train/weight_version"] for r in rows] == [1.0, 2.0, 3.0]
+    # the newest two trainer states are kept
+    assert sorted(p.name for p in (run / "trainer").iterdir()) == ["rollout_1", "rollout_2"]
+
+
+def test_trainer_none_is_the_default_and_writes_no_trainer_state(data, tmp_path):
+    run = tmp_path / "run"
+    run_cli(["engine=scripted", "logger=jsonl", f"data_source.path={data}", "rollout_batch_size=2",
+             "n_samples_per_prompt=2", "num_rollout=1", f"hydra.run.dir={run}"])
+    assert not (run / "trainer").exists()
+    assert not any(k.startswith("train/") for k in read_metrics(run / "metrics.jsonl")[0])
+
+
+def test_bad_trainer_keys_fail_at_pre_flight(data, tmp_path):
+    proc = run_cli(["engine=scripted", "logger=jsonl", f"data_source.path={data}", "trainer=policy_gradient",
+                    "trainer.kl_loss_type=k7", "trainer.micro_batch_size=0", f"hydra.run.dir={tmp_path}/run"],
+                   ok=False)
+    assert proc.returncode != 0
+    assert "trainer.kl_loss_type='k7'" in proc.stderr and "trainer.micro_batch_size=0" in proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_policy_gradient_on_the_real_model_resumes_bit_identically(data, tmp_path):
+    """Deterministic mode, SmolLM2 in process: a run of 2 rollouts, and a run of 1 resumed to 2,
+    end with the same trainer state bit for bit and the same losses."""
+    common = ["logger=jsonl", f"data_source.path={data}", "rollout_batch_size=2", "n_samples_per_prompt=2",
+              "rollout_max_response_len=6", "rollout.deterministic=true", "rollout.progress=false",
+              "rollout.summary=false", "trainer=policy_gradient", "trainer.lr=1e-4", "engine.max_batch_size=4"]
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    run_cli(common + ["num_rollout=2", f"hydra.run.dir={straight}"], timeout=600)
+    run_cli(common + ["num_rollout=1", f"hydra.run.dir={split}"], timeout=600)
+    run_cli([f"resume={split}", "num_rollout=2"], timeout=600)
+    a, b = read_metrics(straight / "metrics.jsonl"), read_metrics(split / "metrics.jsonl")
+    assert [r["train/loss"] for r in a] == [r["train/loss"] for r in b]
+    assert [r["train/weight_version"] for r in b] == [1.0, 2.0]
+    pa = load_file(str(straight / "trainer" / "rollout_1" / "policy.safetensors"))
+    pb = load_file(str(split / "trainer" / "rollout_1" / "policy.safetensors"))
+    assert pa.keys() == pb.keys() and all((pa[k] == pb[k]).all() for k in pa)
+    assert (straight / "policy" / "model.safetensors").is_file()

@@ -1,0 +1,135 @@
+"""Weight sync from a trainer to fake engines, the function trainer, adapter folders and the HF export."""
+
+import copy
+import json
+
+import pytest
+import torch
+
+from pipeline.config import SlimeArgs
+from pipeline.train.function import FunctionTrainer
+from pipeline.train.policy_gradient import PolicyGradientTrainer
+from pipeline.train.sync import push_weights
+from trainer_fixtures import tiny_llama, train_data, yaml_keys
+
+torch.set_num_threads(1)
+
+
+class FullEngine:
+    def __init__(self):
+        self.updates = []
+
+    def update_weights(self, state, version):
+        self.updates.append(({k: v.clone() for k, v in state.items()}, version))
+
+
+class LoraEngine:
+    def __init__(self):
+        self.updates = []
+
+    def update_lora(self, adapter_path, version):
+        self.updates.append((adapter_path, version))
+
+
+class FrozenEngine:
+    pass
+
+
+def test_full_weights_reach_the_engine_with_the_version():
+    base = tiny_llama(torch.float32)
+    t = PolicyGradientTrainer(model=copy.deepcopy(base), **yaml_keys(lr=1e-2))
+    engine = FullEngine()
+    t.train(0, train_data())
+    metrics = push_weights(t, engine, None)
+    assert "perf/weight_sync_time" in metrics
+    state, version = engine.updates[-1]
+    assert version == 1 and set(state) == set(base.state_dict())
+    # a plain model with the pushed weights computes what the trainer's policy computes
+    follower = copy.deepcopy(base)
+    follower.load_state_dict(state)
+    ids = torch.tensor([train_data()["tokens"][0]])
+    with torch.no_grad():
+        assert torch.equal(follower(ids).logits, t.model(input_ids=ids).logits)
+        assert not torch.equal(base(ids).logits, follower(ids).logits)
+
+
+def test_lora_adapter_folder_for_engines_that_load_adapters(tmp_path):
+    from peft import PeftModel
+
+    base = tiny_llama(torch.float32)
+    t = PolicyGradientTrainer(model=copy.deepcopy(base), **yaml_keys(lr=1e-2, lora_rank=4))
+    t.train(0, train_data())
+    engine = LoraEngine()
+    push_weights(t, engine, str(tmp_path))
+    folder, version = engine.updates[-1]
+    assert version == 1 and folder == str(tmp_path / "lora_adapters" / "v1")
+    loaded = PeftModel.from_pretrained(copy.deepcopy(base), folder).eval()
+    ids = torch.tensor([train_data()["tokens"][2]])
+    with torch.no_grad():
+        assert torch.allclose(loaded(input_ids=ids).logits, t.model(input_ids=ids).logits, atol=1e-6)
+
+
+def test_an_engine_that_cannot_follow_is_an_error_and_no_engine_is_fine():
+    t = PolicyGradientTrainer(model=tiny_llama(torch.float32), **yaml_keys())
+    with pytest.raises(RuntimeError, match="FrozenEngine cannot take the trainer's weights"):
+        push_weights(t, FrozenEngine(), None)
+    assert push_weights(t, None, None) == {}
+
+
+def test_export_is_a_plain_hf_folder(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    t = PolicyGradientTrainer(model=tiny_llama(torch.float32), **yaml_keys(lr=1e-2, lora_rank=2))
+    t.train(0, train_data())
+    folder = t.export_hf(str(tmp_path / "policy"))
+    reloaded = AutoModelForCausalLM.from_pretrained(folder).eval()
+    ids = torch.tensor([train_data()["tokens"][1]])
+    with torch.no_grad():
+        assert torch.allclose(reloaded(ids).logits, t.model(input_ids=ids).logits, atol=1e-5)
+    assert [p.name for p in tmp_path.iterdir()] == ["policy"]
+
+
+def user_train(args, rollout_id, train_data):
+    """A user's trainer for trainer=function."""
+    return {"seen": float(len(train_data["tokens"])), "custom/rollout": float(rollout_id + args.offset)}
+
+
+def test_function_trainer_calls_the_user_function(tmp_path):
+    t = FunctionTrainer(path="test_train_sync.user_train")
+    t.bind_args(SlimeArgs({"offset": 10}))
+    metrics = t.train(3, train_data())
+    assert metrics["train/seen"] == 4.0 and metrics["custom/rollout"] == 13.0 and "perf/train_time" in metrics
+    assert t.weight_version == 1 and t.weights_for_engine() is None
+    assert push_weights(t, FullEngine(), None) == {}
+    t.save(str(tmp_path))
+    again = FunctionTrainer(path="test_train_sync.user_train")
+    again.load(str(tmp_path))
+    assert again.weight_version == 1
+    assert json.loads((tmp_path / "trainer_state.json").read_text())["weight_version"] == 1
+
+
+def test_function_trainer_errors():
+    with pytest.raises(ValueError, match="trainer.path"):
+        FunctionTrainer()
+    t = FunctionTrainer(fn=lambda args, rollout_id, data: [1.0])
+    with pytest.raises(TypeError, match="expected a dict of metrics"):
+        t.train(0, train_data())
+    with pytest.raises(Exception, match="trainer.path"):
+        FunctionTrainer(path="os.path.join").bind_args(SlimeArgs({"allowed_targets": ["pipeline."],
+                                                                  "allowed_targets_extra": []}))
+
+
+def test_restore_trainer_without_and_with_missing_state(tmp_path):
+    from pipeline.stages.train import restore_trainer, save_trainer
+
+    t = FunctionTrainer(fn=user_train)
+    restore_trainer(t, None, str(tmp_path), 3)  # no trainer/ at all: a run that had none; fresh start
+    assert t.weight_version == 0
+    t.weight_version = 5
+    save_trainer(t, str(tmp_path), 1)
+    with pytest.raises(FileNotFoundError, match=r"rollout_3 has no trainer state .*\['rollout_1'\]"):
+        restore_trainer(t, None, str(tmp_path), 3)
+    fresh = FunctionTrainer(fn=user_train)
+    engine = FullEngine()
+    restore_trainer(fresh, engine, str(tmp_path), 1)
+    assert fresh.weight_version == 5 and engine.updates == []  # a function trainer pushes nothing

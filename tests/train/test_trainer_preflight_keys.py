@@ -1,0 +1,36 @@
+"""Pre-flight problems of the trainer node name the key and what is expected."""
+
+from omegaconf import OmegaConf
+
+from pipeline.train.preflight import trainer_problems
+from trainer_fixtures import YAML, yaml_keys
+
+
+def node(**overrides):
+    keys = yaml_keys(**overrides)
+    keys["_target_"] = OmegaConf.load(YAML)["_target_"]
+    return {"trainer": keys}
+
+
+def test_the_shipped_yaml_passes():
+    assert trainer_problems(node()) == []
+    assert trainer_problems({"trainer": {"_target_": None}}) == []
+
+
+def test_each_bad_value_is_named():
+    problems = trainer_problems(node(kl_loss_type="k5", loss_agg_mode="sum", micro_batch_size=0, lr=-1.0,
+                                     global_batch_size=0, use_dynamic_batch_size=True, eps_clip_c=0.5,
+                                     loss_type="custom_loss", use_rollout_logprobs=True, use_tis=True))
+    text = "\n".join(problems)
+    for key in ("trainer.kl_loss_type='k5'", "trainer.loss_agg_mode='sum'", "trainer.micro_batch_size=0",
+                "trainer.lr=-1.0", "trainer.global_batch_size=0", "trainer.max_tokens_per_gpu",
+                "trainer.eps_clip_c=0.5", "trainer.custom_loss_function_path", "trainer.use_tis together"):
+        assert key in text, key
+    assert len(problems) == 9
+
+
+def test_dr_grpo_needs_a_length_and_function_needs_a_path():
+    assert "loss_agg_norm_len" in trainer_problems(node(loss_agg_mode="seq-mean-token-sum-norm",
+                                                        loss_agg_norm_len=None))[0]
+    assert "trainer.path" in trainer_problems(
+        {"trainer": {"_target_": "pipeline.train.function.FunctionTrainer", "path": None}})[0]

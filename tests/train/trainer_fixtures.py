@@ -1,0 +1,54 @@
+"""A tiny random Llama and train data for the trainer tests; the trainer keys come from the YAML."""
+
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+YAML = Path(__file__).resolve().parents[2] / "conf" / "trainer" / "policy_gradient.yaml"
+
+
+def yaml_keys(**overrides):
+    """conf/trainer/policy_gradient.yaml's keys with its interpolations filled for a unit test."""
+    keys = OmegaConf.to_container(OmegaConf.load(YAML), resolve=False)
+    keys.pop("_target_")
+    keys.update(hf_checkpoint=None, cache_dir=None, advantage_estimator="grpo", loss_agg_norm_len=8,
+                rollout_temperature=1.0, num_threads=1)
+    keys.update(overrides)
+    return keys
+
+
+def tiny_llama(dtype=torch.float64, seed=0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
+                         tie_word_embeddings=False)
+    model = LlamaForCausalLM(config).to(dtype).eval()
+    if dtype == torch.float64:
+        for module in model.modules():
+            if type(module).__name__ == "LlamaRMSNorm":
+                module.forward = _rms_norm_in_input_dtype.__get__(module)
+    return model
+
+
+def _rms_norm_in_input_dtype(self, x):
+    """LlamaRMSNorm without its float32 round trip, so a float64 model is float64 throughout
+    (finite differences see float32 rounding otherwise)."""
+    return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+
+
+def train_data(with_rollout_log_probs=True):
+    """Four samples: prompts of 3-5 tokens, responses of 2-4, one loss-mask zero, mixed rewards."""
+    tokens = [[1, 5, 7, 9, 11], [2, 4, 6, 8, 10, 12, 14], [3, 3, 17, 19, 21, 23], [1, 30, 29, 28, 27, 26]]
+    lengths = [2, 4, 3, 2]
+    data = {
+        "tokens": tokens,
+        "response_lengths": lengths,
+        "loss_masks": [[1, 1], [1, 0, 1, 1], [1, 1, 1], [1, 1]],
+        "rewards": [1.0, -1.0, 0.5, -0.5],
+    }
+    if with_rollout_log_probs:
+        data["rollout_log_probs"] = [[-3.3 - 0.1 * j for j in range(n)] for n in lengths]
+    return data
