@@ -85,6 +85,9 @@ EQUIVALENT: dict[str, str] = {
         "in a zero-std group every reward equals the first"),
     "pipeline.rollout.dynamic_filters.x_check_reward_nonzero_std_with_fallback__mutmut_6": (
         "check_reward_nonzero_std takes **kwargs for slime's signature and reads none of them"),
+    # pipeline/config.py
+    **{f"pipeline.config.x_load_object__mutmut_{i}": "the inner load_object one level up only tries; its `where` "
+       "reaches nothing but its own error message, which `except Exception: pass` drops" for i in (31, 34)},
     # pipeline/stages/train_data.py (second run)
     "pipeline.stages.train_data.x_convert_to_train_data__mutmut_77": (
         "a Sample always has train_metadata (a dataclass field), so getattr needs no default"),
