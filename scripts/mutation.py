@@ -78,6 +78,17 @@ MODULES: dict[str, tuple[list[str], list[str] | None]] = {
                                "allowed_targets")]),
 }
 
+# Each test's time limit in a module's run (seconds; ROLLOUT_PIPELINE_TEST_TIMEOUT_CAP overrides it):
+# a mutant that makes a test hang costs this much. The rollout tests take well under a second each
+# (0.5 s at most alone on this machine), and mutants of the generate path and of the rollout's loop
+# often hang a rollout (every group dropped, a sample that never finishes), so there a hang is
+# cut at a few seconds instead of the default.
+DEFAULT_TEST_TIMEOUT_CAP = 20
+TEST_TIMEOUT_CAP: dict[str, int] = {
+    "pipeline/rollout/sample_generate.py": 6,
+    "pipeline/rollout/train_run.py": 6,
+}
+
 # copied into the scratch tree (tests read bundled configs and prompt files by path)
 COPY = ["pipeline", "tests", "conf", "data", "examples", "run.py", "README.md", "docs"]
 # mutmut exit codes -> the report's columns (mutmut.stats.status_by_exit_code, abridged)
@@ -158,7 +169,8 @@ def run_module(module: str, timeout_s: int, rerun_survivors: bool = False) -> di
         work = prepare(module, tests)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
            # a mutant that makes a test hang costs this many seconds, not the test's own limit
-           "ROLLOUT_PIPELINE_TEST_TIMEOUT_CAP": os.environ.get("ROLLOUT_PIPELINE_TEST_TIMEOUT_CAP", "20")}
+           "ROLLOUT_PIPELINE_TEST_TIMEOUT_CAP": os.environ.get(
+               "ROLLOUT_PIPELINE_TEST_TIMEOUT_CAP", str(TEST_TIMEOUT_CAP.get(module, DEFAULT_TEST_TIMEOUT_CAP)))}
     mutmut = [sys.executable, "-m", "mutmut"]
     start = time.monotonic()
     cmd = mutmut + ["run", "--max-children", "1"] + list(names or [])
