@@ -43,7 +43,7 @@ MODULES: dict[str, tuple[list[str], list[str] | None]] = {
     # the cursor, fresh groups, the buffer and its state (not construction or gauges)
     "pipeline/data/sources.py": (["tests/data/test_sources.py", "tests/data/test_epoch_cursor.py",
                                   "tests/data/test_source_groups.py", "tests/data/test_buffer_filter_order.py",
-                                  "tests/data/test_checkpoint.py"],
+                                  "tests/data/test_checkpoint.py", "tests/data/test_slime_driver.py"],
                                  [f"pipeline.data.sources.x*{fn}__mutmut_*" for fn in (
                                      "_copies", "_next_rows", "_groups", "_check_num", "get_samples", "add_samples",
                                      "begin_rollout", "get_buffer_length", "state_dict", "_state")]),

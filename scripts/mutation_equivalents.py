@@ -88,6 +88,14 @@ EQUIVALENT: dict[str, str] = {
     # pipeline/config.py
     **{f"pipeline.config.x_load_object__mutmut_{i}": "the inner load_object one level up only tries; its `where` "
        "reaches nothing but its own error message, which `except Exception: pass` drops" for i in (31, 34)},
+    # pipeline/data/sources.py
+    "pipeline.data.sources.xǁBufferedDataSourceǁget_samples__mutmut_37": (
+        "when the buffer served every group asked for, the extra get_samples(0) on the prompts returns [] and moves "
+        "no counter (no row read, no epoch step, no warning)"),
+    "pipeline.data.sources.xǁBufferedDataSourceǁload_state_dict__mutmut_12": (
+        "copy_state is only read as `if copy_state:`; None and False are both falsy"),
+    "pipeline.data.sources.xǁBufferedDataSourceǁstate_dict__mutmut_1": (
+        "raw is only read as `pack_raw if raw else pack_b64`; None and False are both falsy"),
     # pipeline/stages/train_data.py (second run)
     "pipeline.stages.train_data.x_convert_to_train_data__mutmut_77": (
         "a Sample always has train_metadata (a dataclass field), so getattr needs no default"),

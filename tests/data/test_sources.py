@@ -77,7 +77,8 @@ def test_flat_metadata_copies_are_independent(data5: str) -> None:
 
 def test_plain_add_samples_raises(data5: str) -> None:
     src = PlainDataSource(path=data5, n_samples_per_prompt=2)
-    with pytest.raises(TypeError, match="read-only"):
+    with pytest.raises(TypeError, match=r"^PlainDataSource is read-only: add_samples needs a buffer; use "
+                                        r"pipeline\.BufferedDataSource \(data_source=buffered\)$"):
         src.add_samples(src.get_samples(1))
     assert src.get_buffer_length() == 0 and len(src) == 5
 
@@ -85,7 +86,7 @@ def test_plain_add_samples_raises(data5: str) -> None:
 @pytest.mark.parametrize(
     ("groups", "match"),
     [
-        ("not a list", "expects a list of groups"),
+        ("not a list", r"^add_samples expects a list of groups \(lists of Samples\), got str$"),
         ([Sample(), Sample()], "item 0 is a Sample, expected a group"),
         ([[Sample()]], "group 0 has 1 samples, expected n_samples_per_prompt=2"),
         ([[Sample(), Sample()], [Sample(), Sample(), Sample()]], "group 1 has 3 samples"),
@@ -129,6 +130,74 @@ def test_buffer_filter_returning_too_much_is_an_error(data5: str) -> None:
     src.add_samples(src.get_samples(3))
     with pytest.raises(DataError, match="returned 3 groups for a request of 1"):
         src.get_samples(1)
+
+
+class KeepAll:
+    """A callable buffer filter object (no __qualname__ of its own: errors name its class)."""
+
+    def __init__(self, out: Any) -> None:
+        self.out = out
+
+    def __call__(self, args: Any, rid: Any, buffer: list, num: int) -> Any:
+        return self.out
+
+
+def test_a_buffer_filter_returning_something_else_than_groups_is_named(data5: str) -> None:
+    def as_tuple(args: Any, rid: Any, buffer: list, num: int) -> Any:
+        return tuple(buffer[:num])
+
+    cases = [(as_tuple, r"buffer filter test_a_buffer_filter_returning_something_else_than_groups_is_named"
+                        r"\.<locals>\.as_tuple must return a list of groups \(lists\), got tuple$"),
+             (KeepAll("groups"), r"^buffer filter KeepAll must return a list of groups \(lists\), got str$"),
+             (KeepAll([Sample()]), r"^buffer filter KeepAll must return a list of groups \(lists\), got list$"),
+             (KeepAll([[Sample()]] * 2), r"^buffer filter KeepAll returned 2 groups for a request of 1$")]
+    for buffer_filter, match in cases:
+        src = BufferedDataSource(path=data5, n_samples_per_prompt=1, buffer_filter=buffer_filter)
+        src.add_samples(src.get_samples(2))
+        with pytest.raises(DataError, match=match):
+            src.get_samples(1)
+
+
+def test_load_state_dict_names_its_source_and_copies_by_default(data5: str) -> None:
+    from pipeline.data.checkpoint import CheckpointError
+
+    src = BufferedDataSource(path=data5, n_samples_per_prompt=1)
+    with pytest.raises(CheckpointError, match=r"^state: not a data-source state \(format 'bogus'\)$"):
+        src.load_state_dict({"format": "bogus"})
+    with pytest.raises(CheckpointError, match=r"^ckpt\.json: not a data-source state"):
+        src.load_state_dict({"format": None}, source="ckpt.json")
+    a = BufferedDataSource(path=data5, n_samples_per_prompt=1)
+    a.add_samples(a.get_samples(1))
+    a.update_metadata({"seen": {"ids": [1]}})
+    state = a.state_dict()
+    b = BufferedDataSource(path=data5, n_samples_per_prompt=1)
+    b.load_state_dict(state)  # a copy: the caller's dict stays the caller's
+    state["metadata"]["seen"]["ids"].append(2)
+    assert b.get_metadata() == {"seen": {"ids": [1]}} and b.get_buffer_length() == 1
+    c = BufferedDataSource(path=data5, n_samples_per_prompt=1)
+    c.load_state_dict(state, copy_state=False)  # load() of a freshly read file: taken as it is, no copy
+    assert c.get_metadata()["seen"] is state["metadata"]["seen"]
+
+
+def test_a_plain_state_or_another_filter_resumes_in_a_buffered_source(data5: str) -> None:
+    """Resuming with other overrides: a plain run's state (no buffer) or a state written with a
+    stateless filter, loaded by a buffered source with a stateful filter."""
+    from pipeline.data.buffer_filters import OldestFirst
+
+    plain = PlainDataSource(path=data5, n_samples_per_prompt=1)
+    plain.get_samples(3)
+    state = plain.state_dict()
+    assert "buffer" not in state
+    for stateful in (OldestFirst(max_staleness=0), None):
+        src = BufferedDataSource(path=data5, n_samples_per_prompt=1, buffer_filter=stateful)
+        src.load_state_dict(state)
+        assert src.get_buffer_length() == 0 and src.sample_offset == 3
+    buffered = BufferedDataSource(path=data5, n_samples_per_prompt=1)  # pop_first: no filter state
+    buffered.add_samples(buffered.get_samples(1))
+    assert buffered.state_dict()["buffer_filter"] is None
+    src = BufferedDataSource(path=data5, n_samples_per_prompt=1, buffer_filter=OldestFirst(max_staleness=0))
+    src.load_state_dict(buffered.state_dict())
+    assert src.get_buffer_length() == 1 and src.buffer_filter.state_dict() == OldestFirst(max_staleness=0).state_dict()
 
 
 def test_from_args_and_slime_style_constructor(tmp_path: Path) -> None:
