@@ -97,14 +97,8 @@ EQUIVALENT: dict[str, str] = {
     "pipeline.data.sources.xǁBufferedDataSourceǁstate_dict__mutmut_1": (
         "raw is only read as `pack_raw if raw else pack_b64`; None and False are both falsy"),
     # pipeline/stages/train_data.py (second run)
-    "pipeline.stages.train_data.x_convert_to_train_data__mutmut_77": (
-        "a Sample always has train_metadata (a dataclass field), so getattr needs no default"),
-    "pipeline.stages.train_data.x_convert_to_train_data__mutmut_87": (
-        "a Sample always has train_metadata (a dataclass field), so getattr needs no default"),
-    "pipeline.sinks.files.x_to_tensors__mutmut_52": (
-        "torch infers the dtype the code names from the values (ints: int64, floats: float32)"),
-    "pipeline.sinks.files.x_to_tensors__mutmut_54": (
-        "torch infers the dtype the code names from the values (ints: int64, floats: float32)"),
+    "pipeline.stages.train_data.x_train_data_stage__mutmut_12": (
+        "convert_to_train_data takes args for slime's signature and reads none of it"),
     "pipeline.sinks.files.x_to_tensors__mutmut_67": (
         "torch infers the dtype the code names from the values (ints: int64, floats: float32)"),
     "pipeline.sinks.files.x_to_tensors__mutmut_69": (
