@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -67,6 +68,46 @@ def test_samples_share_no_mutable_state(tmp_path: Path) -> None:
         assert s.tokens == [] and s.weight_versions == []
     again = src.get_samples(1)[0][0]
     assert again.metadata["nested"]["x"] == [1, 2] and again.prompt[0]["content"] == "hi"
+
+
+def test_immutable_values_are_shared_and_mutable_ones_copied() -> None:
+    """A group of n samples holds one prompt string, not n; containers are per sample, equal to
+    the decoded value whatever it holds (parquet gives bytes and, for map columns, tuples)."""
+    from pipeline.data.sources import _copies
+
+    for value in ("a long prompt " * 4, 1.5, 10**12, True, None):
+        assert all(c is value for c in _copies(value, 3))
+    flat = {"s": "text " * 4, "i": 10**12, "f": 0.5, "b": True, "n": None}  # every immutable type
+    copies = _copies(flat, 3)
+    assert copies[0] is flat and all(c == flat and c is not flat and c["s"] is flat["s"] for c in copies[1:])
+    cases = [({"tags": ["a"], "img": [b"\x00"]}, lambda v: v["tags"]),  # not JSON: deep copies
+             ({"pairs": [("k", 1)]}, lambda v: v["pairs"]),               # a parquet map column: tuples stay
+             ({"by_id": {1: ["x"]}}, lambda v: v["by_id"][1]),            # int keys stay
+             ([{"role": "user", "content": ["hi"]}], lambda v: v[0]["content"])]
+    for value, inner in cases:
+        copies = _copies(value, 3)
+        assert copies[0] is value and all(c == value for c in copies), value
+        inner(copies[1]).append("changed")
+        assert inner(copies[0]) != inner(copies[1]) and inner(copies[2]) == inner(value), value
+    assert _copies({"a": [1]}, 1) == [{"a": [1]}]
+
+
+def test_get_samples_refuses_a_bad_count_and_notes_a_wrapping_request_once(data5: str, caplog) -> None:
+    src = PlainDataSource(path=data5, n_samples_per_prompt=1)
+    for bad in (-1, True, 2.0, "2"):
+        with pytest.raises(DataError, match=rf"^get_samples: num_groups must be a non-negative integer, got "
+                                            rf"{re.escape(repr(bad))}$"):
+            src.get_samples(bad)
+    with caplog.at_level("WARNING", logger="pipeline.data.sources"):
+        src.get_samples(2)
+        src.get_samples(5)  # the whole dataset: no wrap inside one batch
+        assert caplog.records == []
+        src.get_samples(7)
+        src.get_samples(6)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{data5}: a request for 7 groups is larger than the dataset (5 prompts): the epoch wraps inside one batch, "
+        "so the same prompts appear more than once in it (noted once; lower rollout_batch_size / "
+        "over_sampling_batch_size or add prompts)"]
 
 
 def test_flat_metadata_copies_are_independent(data5: str) -> None:
