@@ -36,6 +36,8 @@ def pytest_collection_modifyitems(config, items) -> None:
     import pytest
 
     # import the heavy libraries now, so a test's first import does not eat its capped time
+    # (pyarrow pulls pandas in on a data source's first read: a second of the first test)
+    import pandas  # noqa: F401
     import torch  # noqa: F401
     import transformers  # noqa: F401
 
