@@ -89,6 +89,14 @@ EQUIVALENT: dict[str, str] = {
     **{f"pipeline.config.x_load_object__mutmut_{i}": "the inner load_object one level up only tries; its `where` "
        "reaches nothing but its own error message, which `except Exception: pass` drops" for i in (31, 34)},
     # pipeline/data/sources.py
+    **{f"pipeline.data.sources.x__copies__mutmut_{i}": "a JSON copy that fails or changes the value falls back to "
+       "copy.deepcopy, which gives equal, independent copies of any value: the JSON round trip is only the faster "
+       "way (only the identity of immutable leaves differs)" for i in (23, 24, 25, 26, 27, 34)},
+    "pipeline.data.sources.x__copies__mutmut_3": (
+        "str and NoneType are in _IMMUTABLE_TYPES: the first two tests are shortcuts of the third"),
+    "pipeline.data.sources.xǁPlainDataSourceǁ_groups__mutmut_5": (
+        "both branches build the same samples (test_fetched_samples_equal_constructed_ones pins it); the template "
+        "one is only faster"),
     "pipeline.data.sources.xǁBufferedDataSourceǁget_samples__mutmut_37": (
         "when the buffer served every group asked for, the extra get_samples(0) on the prompts returns [] and moves "
         "no counter (no row read, no epoch step, no warning)"),

@@ -90,6 +90,8 @@ def test_immutable_values_are_shared_and_mutable_ones_copied() -> None:
         inner(copies[1]).append("changed")
         assert inner(copies[0]) != inner(copies[1]) and inner(copies[2]) == inner(value), value
     assert _copies({"a": [1]}, 1) == [{"a": [1]}]
+    pair = _copies({"a": [1]}, 2)
+    assert pair == [{"a": [1]}] * 2 and pair[1]["a"] is not pair[0]["a"]
 
 
 def test_get_samples_refuses_a_bad_count_and_notes_a_wrapping_request_once(data5: str, caplog) -> None:
