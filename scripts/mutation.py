@@ -66,8 +66,13 @@ MODULES: dict[str, tuple[list[str], list[str] | None]] = {
                                                 "is_finished", "sampling_params_from_args", "to_engine_params",
                                                 "sample_seed", "continuation_seed", "reset_sample",
                                                 "default_generate")]),
+    # the over-sampling loop, the keep/drop decision and the per-sample seeds (not construction, the
+    # group-mode reward, the metrics or staleness)
     "pipeline/rollout/train_run.py": (["tests/rollout/test_engine_rollout.py",
-                                       "tests/rollout/test_deterministic_seeds.py"], None),
+                                       "tests/rollout/test_deterministic_seeds.py"],
+                                      [f"pipeline.rollout.train_run.xǁTrainRunǁ{fn}__mutmut_*" for fn in (
+                                          "_full", "_top_up", "_decide_ready", "_decide", "_run_item")]),
+    # what happens to the groups not admitted: finish, carry, restart, drop (all of it)
     "pipeline/rollout/leftover_groups.py": (["tests/rollout/test_engine_rollout.py",
                                              "tests/rollout/test_deterministic_seeds.py"], None),
     # the allowlist part of the plugin builder
