@@ -83,16 +83,20 @@ MODULES: dict[str, tuple[list[str], list[str] | None]] = {
                                "allowed_targets")]),
 }
 
-# Each test's time limit in a module's run (seconds; ROLLOUT_PIPELINE_TEST_TIMEOUT_CAP overrides it):
-# a mutant that makes a test hang costs this much. The rollout tests take well under a second each
-# (0.5 s at most alone on this machine), and mutants of the generate path and of the rollout's loop
-# often hang a rollout (every group dropped, a sample that never finishes), so there a hang is
-# cut at a few seconds instead of the default.
-DEFAULT_TEST_TIMEOUT_CAP = 20
-TEST_TIMEOUT_CAP: dict[str, int] = {
-    "pipeline/rollout/sample_generate.py": 6,
-    "pipeline/rollout/train_run.py": 6,
+# Each test's limits in a module's run (tests/conftest.py applies them). The CPU-time cap is the
+# guard against a mutant that makes a test spin: it costs that many CPU seconds, however busy the
+# machine is (a wall-clock cap would also count the time other jobs hold the CPU and fail slow
+# tests that are no hang). The rollout tests use under a second of CPU each, and mutants of the
+# generate path and the rollout's loop often make a rollout spin (every group dropped, a sample
+# that never finishes), so there the cap is a few seconds. The wall-clock cap only catches a
+# test that waits without using CPU (a deadlock). ROLLOUT_PIPELINE_TEST_CPU_CAP and
+# ROLLOUT_PIPELINE_TEST_TIMEOUT_CAP override them.
+DEFAULT_TEST_CPU_CAP = 10
+TEST_CPU_CAP: dict[str, int] = {
+    "pipeline/rollout/sample_generate.py": 4,
+    "pipeline/rollout/train_run.py": 4,
 }
+TEST_WALL_CAP = 60
 
 # copied into the scratch tree (tests read bundled configs and prompt files by path)
 COPY = ["pipeline", "tests", "conf", "data", "examples", "run.py", "README.md", "docs"]
@@ -173,9 +177,10 @@ def run_module(module: str, timeout_s: int, rerun_survivors: bool = False) -> di
     else:
         work = prepare(module, tests)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
-           # a mutant that makes a test hang costs this many seconds, not the test's own limit
-           "ROLLOUT_PIPELINE_TEST_TIMEOUT_CAP": os.environ.get(
-               "ROLLOUT_PIPELINE_TEST_TIMEOUT_CAP", str(TEST_TIMEOUT_CAP.get(module, DEFAULT_TEST_TIMEOUT_CAP)))}
+           # a mutant that makes a test spin or hang costs these seconds, not the test's own limit
+           "ROLLOUT_PIPELINE_TEST_CPU_CAP": os.environ.get(
+               "ROLLOUT_PIPELINE_TEST_CPU_CAP", str(TEST_CPU_CAP.get(module, DEFAULT_TEST_CPU_CAP))),
+           "ROLLOUT_PIPELINE_TEST_TIMEOUT_CAP": os.environ.get("ROLLOUT_PIPELINE_TEST_TIMEOUT_CAP", str(TEST_WALL_CAP))}
     mutmut = [sys.executable, "-m", "mutmut"]
     start = time.monotonic()
     cmd = mutmut + ["run", "--max-children", "1"] + list(names or [])
