@@ -3,6 +3,7 @@
     python scripts/mutation.py                                  # every covered module
     python scripts/mutation.py pipeline/data/order.py ...       # some of them
     python scripts/mutation.py --rerun-survivors MODULE         # only the last run's survivors, current tests
+    python scripts/mutation.py --resume MODULE                  # what a run stopped at the time limit left
     python scripts/mutation.py --report-only                    # the report of the last runs again
     python scripts/mutation.py --list                           # the module -> tests map
 
@@ -162,14 +163,26 @@ def survivors_of_last_run(module: str) -> list[str]:
                   and k not in EQUIVALENT)
 
 
-def run_module(module: str, timeout_s: int, rerun_survivors: bool = False) -> dict:
+def unchecked_of_last_run(module: str) -> list[str]:
+    """Mutants of the module (within its globs) that its last run stopped before checking."""
+    meta = WORK / slug(module) / "mutants" / (module + ".meta")
+    if not meta.exists():
+        return []
+    names = MODULES[module][1]
+    codes = json.loads(meta.read_text())["exit_code_by_key"]
+    return sorted(k for k, v in codes.items() if v is None
+                  and (names is None or any(fnmatch.fnmatchcase(k, pat) for pat in names)))
+
+
+def run_module(module: str, timeout_s: int, rerun_survivors: bool = False, resume: bool = False) -> dict:
     """Run mutmut on one module in a fresh scratch tree (or only on the survivors of its last
-    run, with the current tests); returns `collect(module)`."""
+    run, or on what its last run left unchecked, with the current tests); returns `collect(module)`."""
     tests, names = MODULES[module]
     meta = WORK / slug(module) / "mutants" / (module + ".meta")
     before: dict[str, int | None] = {}
-    if rerun_survivors and meta.exists():
-        names = survivors_of_last_run(module)
+    again = rerun_survivors or resume
+    if again and meta.exists():
+        names = survivors_of_last_run(module) if rerun_survivors else unchecked_of_last_run(module)
         if not names:
             return collect(module)
         before = json.loads(meta.read_text())["exit_code_by_key"]
@@ -196,9 +209,10 @@ def run_module(module: str, timeout_s: int, rerun_survivors: bool = False) -> di
         data["exit_code_by_key"] = {**before, **{k: data["exit_code_by_key"].get(k) for k in names}}
         meta.write_text(json.dumps(data))
     info = {"seconds": time.monotonic() - start, "finished": finished}
-    if rerun_survivors and (work / "run.json").exists():  # the first run's time plus this one
-        before = json.loads((work / "run.json").read_text())
-        info = {"seconds": before["seconds"] + info["seconds"], "finished": before["finished"] and finished}
+    if again and (work / "run.json").exists():  # the first run's time plus this one
+        last = json.loads((work / "run.json").read_text())
+        info = {"seconds": last["seconds"] + info["seconds"],
+                "finished": finished and (last["finished"] or resume)}
     (work / "run.json").write_text(json.dumps(info))
     return collect(module)
 
@@ -286,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per module (default 1800)")
     parser.add_argument("--rerun-survivors", action="store_true",
                         help="run only the last run's unexplained survivors again, with the current tests")
+    parser.add_argument("--resume", action="store_true",
+                        help="run only the mutants the last run left unchecked (stopped at the time limit)")
     parser.add_argument("--report-only", action="store_true",
                         help="rebuild the report from the last run of each module (no mutmut run)")
     args = parser.parse_args(argv)
@@ -302,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.report_only and not (WORK / slug(module) / "mutants").exists():
             continue
         results[module] = (collect(module) if args.report_only
-                           else run_module(module, args.timeout, args.rerun_survivors))
+                           else run_module(module, args.timeout, args.rerun_survivors, args.resume))
         logger.info("%s: %s in %.0f s", module, results[module]["counts"], results[module]["seconds"])
         (WORK / "report.md").write_text(report(results))  # after each module: a stopped run keeps its report
     sys.stdout.write(report(results))
