@@ -87,17 +87,23 @@ MODULES: dict[str, tuple[list[str], list[str] | None]] = {
 # Each test's limits in a module's run (tests/conftest.py applies them). The CPU-time cap is the
 # guard against a mutant that makes a test spin: it costs that many CPU seconds, however busy the
 # machine is (a wall-clock cap would also count the time other jobs hold the CPU and fail slow
-# tests that are no hang). The rollout tests use under a second of CPU each, and mutants of the
-# generate path and the rollout's loop often make a rollout spin (every group dropped, a sample
-# that never finishes), so there the cap is a few seconds. The wall-clock cap only catches a
-# test that waits without using CPU (a deadlock). ROLLOUT_PIPELINE_TEST_CPU_CAP and
+# tests that are no hang); the idle cap is the guard against one that makes a test wait forever
+# (an event loop with nothing left to run): seconds the main thread spends neither running nor
+# waiting for a CPU (tests/cpu_guard.py). The rollout tests use under a second each, and mutants
+# of the generate path and the rollout's loop often make a rollout spin or wait (every group
+# dropped, a sample that never finishes), so there both caps are a few seconds. The wall-clock
+# cap is the last resort. ROLLOUT_PIPELINE_TEST_CPU_CAP, ROLLOUT_PIPELINE_TEST_IDLE_CAP and
 # ROLLOUT_PIPELINE_TEST_TIMEOUT_CAP override them.
-DEFAULT_TEST_CPU_CAP = 10
+DEFAULT_TEST_CPU_CAP, DEFAULT_TEST_IDLE_CAP = 10, 15
 TEST_CPU_CAP: dict[str, int] = {
     "pipeline/rollout/sample_generate.py": 4,
     "pipeline/rollout/train_run.py": 4,
 }
-TEST_WALL_CAP = 60
+TEST_IDLE_CAP: dict[str, int] = {
+    "pipeline/rollout/sample_generate.py": 4,
+    "pipeline/rollout/train_run.py": 4,
+}
+TEST_WALL_CAP = 120
 
 # copied into the scratch tree (tests read bundled configs and prompt files by path)
 COPY = ["pipeline", "tests", "conf", "data", "examples", "run.py", "README.md", "docs"]
@@ -193,6 +199,8 @@ def run_module(module: str, timeout_s: int, rerun_survivors: bool = False, resum
            # a mutant that makes a test spin or hang costs these seconds, not the test's own limit
            "ROLLOUT_PIPELINE_TEST_CPU_CAP": os.environ.get(
                "ROLLOUT_PIPELINE_TEST_CPU_CAP", str(TEST_CPU_CAP.get(module, DEFAULT_TEST_CPU_CAP))),
+           "ROLLOUT_PIPELINE_TEST_IDLE_CAP": os.environ.get(
+               "ROLLOUT_PIPELINE_TEST_IDLE_CAP", str(TEST_IDLE_CAP.get(module, DEFAULT_TEST_IDLE_CAP))),
            "ROLLOUT_PIPELINE_TEST_TIMEOUT_CAP": os.environ.get("ROLLOUT_PIPELINE_TEST_TIMEOUT_CAP", str(TEST_WALL_CAP))}
     mutmut = [sys.executable, "-m", "mutmut"]
     start = time.monotonic()

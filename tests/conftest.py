@@ -31,11 +31,13 @@ def pytest_unconfigure(config) -> None:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item):
-    """`ROLLOUT_PIPELINE_TEST_CPU_CAP=S` fails a test once it has used S seconds of CPU time (the
-    mutation run sets it: a mutant that makes a test spin costs S CPU seconds; tests/cpu_guard.py)."""
+    """`ROLLOUT_PIPELINE_TEST_CPU_CAP=S` fails a test once it has used S seconds of CPU time,
+    `ROLLOUT_PIPELINE_TEST_IDLE_CAP=S` once it has waited S seconds without running (the mutation
+    run sets them: a mutant that makes a test spin or wait forever costs seconds; tests/cpu_guard.py)."""
     from cpu_guard import cpu_time_limit
 
-    with cpu_time_limit(float(os.environ.get("ROLLOUT_PIPELINE_TEST_CPU_CAP", "0") or 0), item.nodeid):
+    with cpu_time_limit(float(os.environ.get("ROLLOUT_PIPELINE_TEST_CPU_CAP", "0") or 0), item.nodeid,
+                        float(os.environ.get("ROLLOUT_PIPELINE_TEST_IDLE_CAP", "0") or 0)):
         yield
 
 

@@ -63,3 +63,18 @@ def test_cpu_time_cap_stops_a_spinning_event_loop():
     assert not issubclass(CpuTimeExceeded, Exception)
     with cpu_time_limit(0.3, "idle"):
         time.sleep(0.5)  # waiting uses no CPU time
+
+
+def test_idle_cap_stops_an_event_loop_that_waits_forever():
+    async def wait_forever() -> None:  # a rollout waiting on a group that never comes back
+        await asyncio.Event().wait()
+
+    start = time.monotonic()
+    with pytest.raises(CpuTimeExceeded, match=r"^wait: waited more than 0.5 s without running"):
+        with cpu_time_limit(0, "wait", idle_seconds=0.5):
+            asyncio.run(wait_forever())
+    assert time.monotonic() - start < 10
+    with cpu_time_limit(0, "busy", idle_seconds=0.5):
+        end = time.monotonic() + 1.0
+        while time.monotonic() < end:  # running is not idling
+            pass
