@@ -62,7 +62,8 @@ MODULES: dict[str, tuple[list[str], list[str] | None]] = {
     "pipeline/rollout/dynamic_filters.py": (["tests/rollout/test_nonzero_std_filter.py"], None),
     # seeds, partial-rollout continuation and reset (not the custom-generate plugin loading)
     "pipeline/rollout/sample_generate.py": (["tests/rollout/test_deterministic_seeds.py",
-                                             "tests/rollout/test_engine_rollout.py"],
+                                             "tests/rollout/test_engine_rollout.py",
+                                             "tests/rollout/test_sample_generate.py"],
                                             [f"pipeline.rollout.sample_generate.x_{fn}__mutmut_*" for fn in (
                                                 "is_finished", "sampling_params_from_args", "to_engine_params",
                                                 "sample_seed", "continuation_seed", "reset_sample",

@@ -76,6 +76,8 @@ EQUIVALENT: dict[str, str] = {
     # pipeline/rollout/sample_generate.py
     "pipeline.rollout.sample_generate.x_continuation_seed__mutmut_13": (
         "a fifth little-endian byte only sets bits 32-39, which the 31-bit mask drops"),
+    "pipeline.rollout.sample_generate.x_sample_seed__mutmut_8": (
+        "a fifth little-endian byte only sets bits 32-39, which the 31-bit mask drops"),
     # pipeline/atomic.py
     **{f"pipeline.atomic.x_atomic_write_bytes__mutmut_{i}": "after a failed write the temp file exists (mkstemp made "
        "it; only a concurrent cleaner could remove it first), so missing_ok is never needed" for i in (26, 28)},

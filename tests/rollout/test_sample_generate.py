@@ -1,0 +1,43 @@
+"""The per-sample pieces of the default generate (pipeline/rollout/sample_generate.py): the
+sampling params read from the run args and the reset of a sample to a fresh prompt."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from pipeline.rollout.sample_generate import reset_sample, sampling_params_from_args, to_engine_params
+from pipeline.sample import Sample
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def test_sampling_params_carry_every_rollout_arg_and_default_the_stops():
+    args = SimpleNamespace(rollout_temperature=0.7, rollout_top_p=0.9, rollout_top_k=20, rollout_max_response_len=64,
+                           rollout_stop=["</s>", "\n\n"], rollout_stop_token_ids=[2])
+    params = sampling_params_from_args(args)
+    assert params == {"temperature": 0.7, "top_p": 0.9, "top_k": 20, "max_new_tokens": 64, "stop": ["</s>", "\n\n"],
+                      "stop_token_ids": [2], "skip_special_tokens": True, "no_stop_trim": True,
+                      "spaces_between_special_tokens": False}
+    engine = to_engine_params(params)
+    assert (engine.top_k, engine.stop, engine.stop_token_ids) == (20, ("</s>", "\n\n"), (2,))
+    bare = SimpleNamespace(rollout_temperature=1.0, rollout_top_p=1.0, rollout_top_k=-1, rollout_max_response_len=8)
+    assert sampling_params_from_args(bare)["stop"] == [] and sampling_params_from_args(bare)["stop_token_ids"] == []
+    assert sampling_params_from_args(args, {"top_k": None, "max_new_tokens": 4})["max_new_tokens"] == 4
+
+
+def test_reset_sample_gives_back_the_fresh_prompt():
+    fresh = Sample(group_index=3, index=7, prompt="What is 1 + 1?", tokens=[1, 2, 3], label="2",
+                   metadata={"source_name": "math"})
+    sample = Sample(group_index=3, index=7, prompt="What is 1 + 1?", tokens=[1, 2, 3, 40, 41], label="2",
+                    response="ab", response_length=2, loss_mask=[1, 0], rollout_log_probs=[-0.5, -1.0],
+                    rollout_top_p_token_ids=[40, 41], rollout_top_p_token_offsets=[0, 1, 2],
+                    rollout_routed_experts=[[1], [2]], teacher_log_probs=[-0.1, -0.2], reward=1.0,
+                    weight_versions=["3"], status=Sample.Status.ABORTED,
+                    metadata={"source_name": "math", "start_rollout_id": 4})
+    reset_sample(sample)
+    assert sample.to_dict() == fresh.to_dict()
+    unstarted = Sample(tokens=[1, 2, 3])
+    reset_sample(unstarted)  # nothing generated yet: the prompt tokens stay as they are
+    assert unstarted.tokens == [1, 2, 3]
