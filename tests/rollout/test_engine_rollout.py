@@ -270,3 +270,47 @@ def test_requests_ask_for_batch_invariant_log_probs_when_configured(kw, expected
     engine = SpyEngine()
     make_rollout(engine, **kw)(make_args(rollout_batch_size=2), 0, make_source(n=2, buffered=False))
     assert engine.requests and {r.sampling.batch_invariant for r in engine.requests} == {expected}
+
+
+LEFTOVER_KEYS = ("surplus_groups_carried", "surplus_groups_dropped", "aborted_groups_to_buffer",
+                 "aborted_groups_dropped", "aborted_groups_restarted")
+
+
+@pytest.mark.parametrize("case", ["plain", "buffered", "buffered_finish", "deterministic", "partial"])
+def test_every_group_and_token_is_kept_buffered_or_counted_wasted(case, make_rollout, make_source):
+    """Whatever the timing: each submitted group is kept, carried to the buffer or dropped, and
+    each generated token is in the batch, in the buffer or counted in rollout/wasted_tokens."""
+    args = make_args(rollout_batch_size=2, n_samples_per_prompt=2, over_sampling_batch_size=8,
+                     partial_rollout=case == "partial")
+    engine = ScriptedEngine(token_delay=0.001, max_filler=10)
+    rollout = make_rollout(engine, deterministic=case == "deterministic", finish_surplus=case == "buffered_finish")
+    src = make_source(n=2, buffered=case != "plain")
+    out = rollout(args, 0, src)
+    m = out.metrics
+    buffer = getattr(src, "buffer", [])
+    assert m["rollout/groups_submitted"] == len(out.samples) + sum(m[f"rollout/{k}"] for k in LEFTOVER_KEYS)
+    assert len(buffer) == m["rollout/groups_to_buffer"] == (
+        m["rollout/surplus_groups_carried"] + m["rollout/aborted_groups_to_buffer"]
+        + m["rollout/aborted_groups_restarted"])
+    kept = sum(s.response_length for g in out.samples for s in g)
+    buffered = sum(s.response_length for g in buffer for s in g)
+    assert m["rollout/tokens_generated"] == kept + buffered + m["rollout/wasted_tokens"]
+    unfinished = [g for g in buffer if any(s.status not in (Sample.Status.COMPLETED, Sample.Status.TRUNCATED)
+                                           for s in g)]
+    if case == "plain":
+        assert buffer == [] and m["rollout/surplus_groups_dropped"] + m["rollout/aborted_groups_dropped"] == 6
+    if case == "deterministic":  # what got generated for a group not admitted depends on timing: regenerated
+        assert all(s.response_length == 0 and s.status == Sample.Status.PENDING for g in buffer for s in g)
+        assert len(buffer) == 6 and m["rollout/wasted_tokens"] == m["rollout/tokens_generated"] - kept
+    if case in ("buffered", "buffered_finish"):  # no partial rollout: unfinished groups come back fresh
+        assert all(s.response_length == 0 and s.status == Sample.Status.PENDING for g in unfinished for s in g)
+        assert m["rollout/aborted_groups_to_buffer"] == 0
+    if case == "buffered_finish":  # the groups in flight finish into the buffer
+        assert m["rollout/surplus_groups_finished"] > 0 and unfinished == []
+        assert m["rollout/aborted_groups_dropped"] == m["rollout/aborted_groups_restarted"] == 0
+    else:
+        assert m["rollout/surplus_groups_finished"] == 0
+    if case == "partial":  # unfinished groups keep their tokens, marked with the rollout they started in
+        assert m["rollout/aborted_groups_restarted"] == m["rollout/aborted_groups_dropped"] == 0
+        assert all(s.metadata["start_rollout_id"] == 0 for g in buffer for s in g if s.response_length)
+    assert all("start_rollout_id" not in s.metadata for g in buffer for s in g if not s.response_length)
