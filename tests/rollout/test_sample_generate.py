@@ -3,11 +3,15 @@ sampling params read from the run args and the reset of a sample to a fresh prom
 
 from __future__ import annotations
 
+import asyncio
 from types import SimpleNamespace
 
 import pytest
 
-from pipeline.rollout.sample_generate import reset_sample, sampling_params_from_args, to_engine_params
+from pipeline.engines.base import SamplingParams
+from pipeline.rollout.sample_generate import (
+    GenContext, default_generate, reset_sample, sampling_params_from_args, to_engine_params,
+)
 from pipeline.sample import Sample
 
 pytestmark = pytest.mark.timeout(30)
@@ -20,8 +24,10 @@ def test_sampling_params_carry_every_rollout_arg_and_default_the_stops():
     assert params == {"temperature": 0.7, "top_p": 0.9, "top_k": 20, "max_new_tokens": 64, "stop": ["</s>", "\n\n"],
                       "stop_token_ids": [2], "skip_special_tokens": True, "no_stop_trim": True,
                       "spaces_between_special_tokens": False}
-    engine = to_engine_params(params)
-    assert (engine.top_k, engine.stop, engine.stop_token_ids) == (20, ("</s>", "\n\n"), (2,))
+    assert to_engine_params(params, seed=5) == SamplingParams(
+        temperature=0.7, top_p=0.9, top_k=20, max_new_tokens=64, stop=("</s>", "\n\n"), stop_token_ids=(2,), seed=5)
+    unset = to_engine_params({**params, "top_k": None, "stop": None, "stop_token_ids": None, "seed": 9}, seed=5)
+    assert (unset.top_k, unset.stop, unset.stop_token_ids, unset.seed) == (-1, (), (), 9)  # no cut; params' seed wins
     bare = SimpleNamespace(rollout_temperature=1.0, rollout_top_p=1.0, rollout_top_k=-1, rollout_max_response_len=8)
     assert sampling_params_from_args(bare)["stop"] == [] and sampling_params_from_args(bare)["stop_token_ids"] == []
     assert sampling_params_from_args(args, {"top_k": None, "max_new_tokens": 4})["max_new_tokens"] == 4
@@ -41,3 +47,18 @@ def test_reset_sample_gives_back_the_fresh_prompt():
     unstarted = Sample(tokens=[1, 2, 3])
     reset_sample(unstarted)  # nothing generated yet: the prompt tokens stay as they are
     assert unstarted.tokens == [1, 2, 3]
+
+
+def test_default_generate_leaves_finished_samples_and_everything_after_the_abort_alone():
+    class NoEngine:
+        async def generate(self, request):
+            raise AssertionError(f"unexpected request {request.request_id}")
+
+    params = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_new_tokens": 8}
+    done = Sample(tokens=[1, 2, 5], response_length=1, status=Sample.Status.COMPLETED)
+    ctx = GenContext(engine=NoEngine(), tokenizer=None, rollout_id=0)
+    assert asyncio.run(default_generate(ctx, SimpleNamespace(), done, params)) is done
+    waiting = Sample(tokens=[1, 2])  # not sent before the batch filled: untouched
+    ctx.aborted = True
+    assert asyncio.run(default_generate(ctx, SimpleNamespace(), waiting, params)) is waiting
+    assert waiting.response_length == 0 and waiting.status == Sample.Status.PENDING and ctx.requests == 0
