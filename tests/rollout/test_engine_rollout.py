@@ -78,6 +78,7 @@ def test_over_sampling_counts_and_drop_metric(make_rollout, make_source):
     assert m["rollout/fetch_rounds"] == 2
     assert m["rollout/groups_dropped"] == 3
     assert m["rollout/dynamic_filter/drop_odd"] == 3
+    assert m["rollout/filter_pass_rate"] == pytest.approx(4 / 7)  # decided in order: 4 kept of 7
 
 
 def test_keep_when_insufficient(make_rollout, make_source):
@@ -276,13 +277,27 @@ LEFTOVER_KEYS = ("surplus_groups_carried", "surplus_groups_dropped", "aborted_gr
                  "aborted_groups_dropped", "aborted_groups_restarted")
 
 
-@pytest.mark.parametrize("case", ["plain", "buffered", "buffered_finish", "deterministic", "partial"])
+class AbortsFirstEngine(ScriptedEngine):
+    """Scripted engine that aborts sample 0's first request after one token (an engine restart)."""
+
+    aborted = False
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        result = await super().generate(request)
+        if "-s0-" in request.request_id and not self.aborted:
+            self.aborted = True
+            return GenerationResult(request.request_id, result.output_ids[:1], result.text[:1], "abort", None)
+        return result
+
+
+@pytest.mark.parametrize("case", ["plain", "buffered", "buffered_finish", "deterministic", "partial",
+                                  "engine_abort"])
 def test_every_group_and_token_is_kept_buffered_or_counted_wasted(case, make_rollout, make_source):
     """Whatever the timing: each submitted group is kept, carried to the buffer or dropped, and
     each generated token is in the batch, in the buffer or counted in rollout/wasted_tokens."""
     args = make_args(rollout_batch_size=2, n_samples_per_prompt=2, over_sampling_batch_size=8,
                      partial_rollout=case == "partial")
-    engine = ScriptedEngine(token_delay=0.001, max_filler=10)
+    engine = (AbortsFirstEngine if case == "engine_abort" else ScriptedEngine)(token_delay=0.001, max_filler=10)
     rollout = make_rollout(engine, deterministic=case == "deterministic", finish_surplus=case == "buffered_finish")
     src = make_source(n=2, buffered=case != "plain")
     out = rollout(args, 0, src)
@@ -313,4 +328,7 @@ def test_every_group_and_token_is_kept_buffered_or_counted_wasted(case, make_rol
     if case == "partial":  # unfinished groups keep their tokens, marked with the rollout they started in
         assert m["rollout/aborted_groups_restarted"] == m["rollout/aborted_groups_dropped"] == 0
         assert all(s.metadata["start_rollout_id"] == 0 for g in buffer for s in g if s.response_length)
+    if case == "engine_abort":  # the group the engine aborted before the batch filled: dropped, never kept
+        assert m["rollout/groups_dropped"] >= 1 and all(g[0].index != 0 for g in out.samples)
+        assert m["rollout/aborted_groups_dropped"] >= 1 and not any(s.index == 0 for g in buffer for s in g)
     assert all("start_rollout_id" not in s.metadata for g in buffer for s in g if not s.response_length)
