@@ -78,6 +78,8 @@ EQUIVALENT: dict[str, str] = {
         "a fifth little-endian byte only sets bits 32-39, which the 31-bit mask drops"),
     "pipeline.rollout.sample_generate.x_default_generate__mutmut_1": (
         "default_generate takes `evaluation` for slime's generate signature and reads none of it"),
+    "pipeline.rollout.sample_generate.x_default_generate__mutmut_31": (
+        "the flag is only read as `if getattr(...)`: a missing one is falsy as None or as False"),
     "pipeline.rollout.sample_generate.x_sample_seed__mutmut_8": (
         "a fifth little-endian byte only sets bits 32-39, which the 31-bit mask drops"),
     # pipeline/atomic.py

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
-from pipeline.engines.base import SamplingParams
+from pipeline.engines.base import GenerationResult, SamplingParams
+from pipeline.engines.scripted import ByteTokenizer
 from pipeline.rollout.sample_generate import (
-    GenContext, default_generate, reset_sample, sampling_params_from_args, to_engine_params,
+    GenContext, continuation_seed, default_generate, reset_sample, sampling_params_from_args, to_engine_params,
 )
 from pipeline.sample import Sample
 
@@ -62,3 +64,53 @@ def test_default_generate_leaves_finished_samples_and_everything_after_the_abort
     ctx.aborted = True
     assert asyncio.run(default_generate(ctx, SimpleNamespace(), waiting, params)) is waiting
     assert waiting.response_length == 0 and waiting.status == Sample.Status.PENDING and ctx.requests == 0
+
+
+class RecordingEngine:
+    """Answers every request with two tokens and records what it was asked."""
+
+    def __init__(self) -> None:
+        self.requests: list[Any] = []
+
+    async def generate(self, request):
+        self.requests.append(request)
+        return GenerationResult(request.request_id, [9, 9], "xx", "stop", None)
+
+
+PARAMS = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_new_tokens": 6}
+
+
+def _generate(sample: Sample, args: Any = None, **params: Any) -> tuple[Sample, Any]:
+    engine = RecordingEngine()
+    ctx = GenContext(engine=engine, tokenizer=ByteTokenizer(), rollout_id=0)
+    asyncio.run(default_generate(ctx, args or SimpleNamespace(), sample, {**PARAMS, **params}))
+    return sample, (engine.requests[0] if engine.requests else None)
+
+
+def test_default_generate_encodes_a_bare_prompt_with_its_tools():
+    tok = ByteTokenizer()
+    messages = [{"role": "user", "content": "hi"}]
+    sample, request = _generate(Sample(prompt=messages, metadata={"tools": [{"name": "calc"}]}))
+    prompt_ids = tok.encode(tok.apply_chat_template(messages, tools=[{"name": "calc"}]))
+    assert request.input_ids == prompt_ids and sample.tokens == prompt_ids + [9, 9]
+    sample, request = _generate(Sample(prompt="What is 1 + 1?"))
+    assert request.input_ids == tok.encode("What is 1 + 1?")
+
+
+def test_default_generate_spends_only_the_remaining_budget():
+    full = Sample(tokens=[1, 2, 7, 7, 7, 7, 7, 7], response_length=6, status=Sample.Status.ABORTED)
+    sample, request = _generate(full)  # nothing left to generate: truncated, no request
+    assert request is None and sample.status == Sample.Status.TRUNCATED and sample.response_length == 6
+    sample, request = _generate(Sample(tokens=[1, 2, 7, 7, 7, 7, 7], response_length=5, status="aborted"))
+    assert request.sampling.max_new_tokens == 1
+
+
+def test_a_continued_sample_gets_a_seed_from_its_own_tokens_and_masks_them_when_asked():
+    def partial() -> Sample:  # one response token so far, from an earlier weight version
+        return Sample(tokens=[1, 2, 7], response_length=1, loss_mask=[1], status=Sample.Status.ABORTED)
+
+    sample, request = _generate(partial(), SimpleNamespace(mask_offpolicy_in_partial_rollout=True), seed=11)
+    assert request.sampling.seed == continuation_seed(11, [7]) and request.input_ids == [1, 2, 7]
+    assert sample.loss_mask == [0, 1, 1] and sample.response_length == 3
+    sample, request = _generate(partial(), SimpleNamespace(), seed=None)  # no seed: the engine picks
+    assert request.sampling.seed is None and sample.loss_mask == [1, 1, 1]  # unmasked when not asked
