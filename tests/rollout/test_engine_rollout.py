@@ -332,3 +332,31 @@ def test_every_group_and_token_is_kept_buffered_or_counted_wasted(case, make_rol
         assert m["rollout/groups_dropped"] >= 1 and all(g[0].index != 0 for g in out.samples)
         assert m["rollout/aborted_groups_dropped"] >= 1 and not any(s.index == 0 for g in buffer for s in g)
     assert all("start_rollout_id" not in s.metadata for g in buffer for s in g if not s.response_length)
+
+
+def test_buffer_traffic_fetches_and_one_encode_per_fetch(make_rollout, make_source, tokenizer):
+    calls: list[int] = []
+
+    class CountingTokenizer(type(tokenizer)):
+        def __call__(self, text, **kw):
+            calls.append(len(text) if isinstance(text, list) else 1)
+            return super().__call__(text, **kw)
+
+    src = make_source(n=2)
+    src.add_samples(src.get_samples(2))  # two fresh groups waiting in the buffer
+    rollout = make_rollout(tokenizer=CountingTokenizer(), finish_surplus=False, dynamic_filter=drop_odd)
+    out = rollout(make_args(rollout_batch_size=2, n_samples_per_prompt=2), 0, src)
+    m = out.metrics
+    assert m["rollout/groups_from_buffer"] == 2 and m["rollout/groups_fetched"] == m["rollout/groups_submitted"]
+    assert m["rollout/fetch_rounds"] >= 2 and m["rollout/groups_fetched"] > 2
+    # every fetch round's fresh prompts go to the tokenizer in one batched call, none one by one
+    assert len(calls) == m["rollout/fetch_rounds"] and sum(calls) == 2 * m["rollout/groups_fetched"]
+
+
+def test_a_data_source_that_returns_nothing_is_an_error(make_rollout):
+    class Empty:
+        def get_samples(self, num):
+            return []
+
+    with pytest.raises(RuntimeError, match=r"^rollout 3: the data source returned no groups when asked for 2$"):
+        make_rollout()(make_args(rollout_batch_size=2), 3, Empty())
