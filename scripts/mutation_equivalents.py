@@ -91,8 +91,8 @@ EQUIVALENT: dict[str, str] = {
         "in a zero-std group every reward equals the first"),
     "pipeline.rollout.dynamic_filters.x_check_reward_nonzero_std_with_fallback__mutmut_6": (
         "check_reward_nonzero_std takes **kwargs for slime's signature and reads none of them"),
-    # pipeline/config.py
-    **{f"pipeline.config.x_load_object__mutmut_{i}": "the inner load_object one level up only tries; its `where` "
+    # pipeline/plugins.py (the allowlist, run as pipeline/config.py before it moved: re-check the numbers)
+    **{f"pipeline.plugins.x_load_object__mutmut_{i}": "the inner load_object one level up only tries; its `where` "
        "reaches nothing but its own error message, which `except Exception: pass` drops" for i in (31, 34)},
     # pipeline/data/sources.py
     **{f"pipeline.data.sources.x__copies__mutmut_{i}": "a JSON copy that fails or changes the value falls back to "
