@@ -101,3 +101,10 @@ def test_allowed_targets_adds_the_extra_prefixes():
     assert allowed_targets({"allowed_targets": ["pipeline."], "allowed_targets_extra": ["mine."]}) == ("pipeline.",
                                                                                                        "mine.")
     assert allowed_targets({"allowed_targets": ["pipeline."], "allowed_targets_extra": None}) == ("pipeline.",)
+
+
+def test_allowed_targets_from_an_args_view_without_the_keys_is_no_check():
+    from types import SimpleNamespace
+
+    assert allowed_targets(SimpleNamespace()) is None  # a plugin's own args namespace: nothing to check
+    assert allowed_targets(SimpleNamespace(allowed_targets=["pipeline."])) == ("pipeline.",)
