@@ -111,7 +111,7 @@ EQUIVALENT: dict[str, str] = {
     "pipeline.data.sources.xǁBufferedDataSourceǁstate_dict__mutmut_1": (
         "raw is only read as `pack_raw if raw else pack_b64`; None and False are both falsy"),
     # pipeline/stages/train_data.py (second run)
-    "pipeline.stages.train_data.x_train_data_stage__mutmut_12": (
+    "pipeline.stages.train_data.x_train_data_stage__mutmut_18": (
         "convert_to_train_data takes args for slime's signature and reads none of it"),
     "pipeline.sinks.files.x_to_tensors__mutmut_67": (
         "torch infers the dtype the code names from the values (ints: int64, floats: float32)"),
