@@ -3,6 +3,7 @@
     python scripts/mutation.py                                  # every covered module
     python scripts/mutation.py pipeline/data/order.py ...       # some of them
     python scripts/mutation.py --rerun-survivors MODULE         # only the last run's survivors, current tests
+    python scripts/mutation.py --resume MODULE                  # what a run stopped at the time limit left
     python scripts/mutation.py --report-only                    # the report of the last runs again
     python scripts/mutation.py --list                           # the module -> tests map
 
@@ -43,7 +44,7 @@ MODULES: dict[str, tuple[list[str], list[str] | None]] = {
     # the cursor, fresh groups, the buffer and its state (not construction or gauges)
     "pipeline/data/sources.py": (["tests/data/test_sources.py", "tests/data/test_epoch_cursor.py",
                                   "tests/data/test_source_groups.py", "tests/data/test_buffer_filter_order.py",
-                                  "tests/data/test_checkpoint.py"],
+                                  "tests/data/test_checkpoint.py", "tests/data/test_slime_driver.py"],
                                  [f"pipeline.data.sources.x*{fn}__mutmut_*" for fn in (
                                      "_copies", "_next_rows", "_groups", "_check_num", "get_samples", "add_samples",
                                      "begin_rollout", "get_buffer_length", "state_dict", "_state")]),
@@ -53,30 +54,57 @@ MODULES: dict[str, tuple[list[str], list[str] | None]] = {
     "pipeline/data/checkpoint.py": (["tests/data/test_checkpoint.py", "tests/data/test_checkpoint_format.py"], None),
     "pipeline/atomic.py": (["tests/test_atomic.py", "tests/data/test_checkpoint.py"], None),
     "pipeline/stages/rewards.py": (["tests/stages/test_stages.py",
-                                       "tests/stages/test_rewards_pinned.py"], None),
-    "pipeline/stages/train_data.py": (["tests/stages/test_stages.py",
-                                       "tests/stages/test_train_data_tensors.py"], None),
+                                    "tests/stages/test_rewards_pinned.py"], None),
+    "pipeline/stages/train_data.py": (["tests/stages/test_stages.py", "tests/stages/test_train_data_tensors.py",
+                                       "tests/stages/test_train_data_slime.py"], None),
     "pipeline/stages/log.py": (["tests/stages/test_stages.py",
                                 "tests/stages/test_log_metrics_asymmetric.py"], None),
     "pipeline/rollout/dynamic_filters.py": (["tests/rollout/test_nonzero_std_filter.py"], None),
     # seeds, partial-rollout continuation and reset (not the custom-generate plugin loading)
     "pipeline/rollout/sample_generate.py": (["tests/rollout/test_deterministic_seeds.py",
-                                             "tests/rollout/test_engine_rollout.py"],
+                                             "tests/rollout/test_engine_rollout.py",
+                                             "tests/rollout/test_sample_generate.py"],
                                             [f"pipeline.rollout.sample_generate.x_{fn}__mutmut_*" for fn in (
                                                 "is_finished", "sampling_params_from_args", "to_engine_params",
                                                 "sample_seed", "continuation_seed", "reset_sample",
                                                 "default_generate")]),
+    # the over-sampling loop, the keep/drop decision and the per-sample seeds (not construction, the
+    # group-mode reward, the metrics or staleness)
     "pipeline/rollout/train_run.py": (["tests/rollout/test_engine_rollout.py",
-                                       "tests/rollout/test_deterministic_seeds.py"], None),
+                                       "tests/rollout/test_deterministic_seeds.py"],
+                                      [f"pipeline.rollout.train_run.xǁTrainRunǁ{fn}__mutmut_*" for fn in (
+                                          "_full", "_top_up", "_decide_ready", "_decide", "_run_item")]),
+    # what happens to the groups not admitted: finish, carry, restart, drop (all of it)
     "pipeline/rollout/leftover_groups.py": (["tests/rollout/test_engine_rollout.py",
                                              "tests/rollout/test_deterministic_seeds.py"], None),
-    # the allowlist part of the plugin builder
-    "pipeline/config.py": (["tests/test_allowlist.py", "tests/test_security.py",
-                            "tests/test_config.py"],
-                           [f"pipeline.config.x_{fn}__mutmut_*" for fn in (
-                               "_allowed_prefixes", "check_allowed", "load_object", "_check_origin", "_check_tree",
-                               "allowed_targets")]),
+    # the allowlist part of the plugin table (moved from pipeline/config.py)
+    "pipeline/plugins.py": (["tests/test_allowlist.py", "tests/test_security.py",
+                             "tests/test_config.py"],
+                            [f"pipeline.plugins.x_{fn}__mutmut_*" for fn in (
+                                "_allowed_prefixes", "check_allowed", "load_object", "_check_origin", "_check_tree",
+                                "allowed_targets")]),
 }
+
+# Each test's limits in a module's run (tests/conftest.py applies them). The CPU-time cap is the
+# guard against a mutant that makes a test spin: it costs that many CPU seconds, however busy the
+# machine is (a wall-clock cap would also count the time other jobs hold the CPU and fail slow
+# tests that are no hang); the idle cap is the guard against one that makes a test wait forever
+# (an event loop with nothing left to run): seconds the main thread spends neither running nor
+# waiting for a CPU (tests/cpu_guard.py). The rollout tests use under a second each, and mutants
+# of the generate path and the rollout's loop often make a rollout spin or wait (every group
+# dropped, a sample that never finishes), so there both caps are a few seconds. The wall-clock
+# cap is the last resort. ROLLOUT_PIPELINE_TEST_CPU_CAP, ROLLOUT_PIPELINE_TEST_IDLE_CAP and
+# ROLLOUT_PIPELINE_TEST_TIMEOUT_CAP override them.
+DEFAULT_TEST_CPU_CAP, DEFAULT_TEST_IDLE_CAP = 10, 15
+TEST_CPU_CAP: dict[str, int] = {
+    "pipeline/rollout/sample_generate.py": 4,
+    "pipeline/rollout/train_run.py": 4,
+}
+TEST_IDLE_CAP: dict[str, int] = {
+    "pipeline/rollout/sample_generate.py": 4,
+    "pipeline/rollout/train_run.py": 4,
+}
+TEST_WALL_CAP = 120
 
 # copied into the scratch tree (tests read bundled configs and prompt files by path)
 COPY = ["pipeline", "tests", "conf", "data", "examples", "run.py", "README.md", "docs"]
@@ -142,14 +170,26 @@ def survivors_of_last_run(module: str) -> list[str]:
                   and k not in EQUIVALENT)
 
 
-def run_module(module: str, timeout_s: int, rerun_survivors: bool = False) -> dict:
+def unchecked_of_last_run(module: str) -> list[str]:
+    """Mutants of the module (within its globs) that its last run stopped before checking."""
+    meta = WORK / slug(module) / "mutants" / (module + ".meta")
+    if not meta.exists():
+        return []
+    names = MODULES[module][1]
+    codes = json.loads(meta.read_text())["exit_code_by_key"]
+    return sorted(k for k, v in codes.items() if v is None
+                  and (names is None or any(fnmatch.fnmatchcase(k, pat) for pat in names)))
+
+
+def run_module(module: str, timeout_s: int, rerun_survivors: bool = False, resume: bool = False) -> dict:
     """Run mutmut on one module in a fresh scratch tree (or only on the survivors of its last
-    run, with the current tests); returns `collect(module)`."""
+    run, or on what its last run left unchecked, with the current tests); returns `collect(module)`."""
     tests, names = MODULES[module]
     meta = WORK / slug(module) / "mutants" / (module + ".meta")
     before: dict[str, int | None] = {}
-    if rerun_survivors and meta.exists():
-        names = survivors_of_last_run(module)
+    again = rerun_survivors or resume
+    if again and meta.exists():
+        names = survivors_of_last_run(module) if rerun_survivors else unchecked_of_last_run(module)
         if not names:
             return collect(module)
         before = json.loads(meta.read_text())["exit_code_by_key"]
@@ -157,8 +197,12 @@ def run_module(module: str, timeout_s: int, rerun_survivors: bool = False) -> di
     else:
         work = prepare(module, tests)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
-           # a mutant that makes a test hang costs this many seconds, not the test's own limit
-           "ROLLOUT_PIPELINE_TEST_TIMEOUT_CAP": os.environ.get("ROLLOUT_PIPELINE_TEST_TIMEOUT_CAP", "20")}
+           # a mutant that makes a test spin or hang costs these seconds, not the test's own limit
+           "ROLLOUT_PIPELINE_TEST_CPU_CAP": os.environ.get(
+               "ROLLOUT_PIPELINE_TEST_CPU_CAP", str(TEST_CPU_CAP.get(module, DEFAULT_TEST_CPU_CAP))),
+           "ROLLOUT_PIPELINE_TEST_IDLE_CAP": os.environ.get(
+               "ROLLOUT_PIPELINE_TEST_IDLE_CAP", str(TEST_IDLE_CAP.get(module, DEFAULT_TEST_IDLE_CAP))),
+           "ROLLOUT_PIPELINE_TEST_TIMEOUT_CAP": os.environ.get("ROLLOUT_PIPELINE_TEST_TIMEOUT_CAP", str(TEST_WALL_CAP))}
     mutmut = [sys.executable, "-m", "mutmut"]
     start = time.monotonic()
     cmd = mutmut + ["run", "--max-children", "1"] + list(names or [])
@@ -174,9 +218,10 @@ def run_module(module: str, timeout_s: int, rerun_survivors: bool = False) -> di
         data["exit_code_by_key"] = {**before, **{k: data["exit_code_by_key"].get(k) for k in names}}
         meta.write_text(json.dumps(data))
     info = {"seconds": time.monotonic() - start, "finished": finished}
-    if rerun_survivors and (work / "run.json").exists():  # the first run's time plus this one
-        before = json.loads((work / "run.json").read_text())
-        info = {"seconds": before["seconds"] + info["seconds"], "finished": before["finished"] and finished}
+    if again and (work / "run.json").exists():  # the first run's time plus this one
+        last = json.loads((work / "run.json").read_text())
+        info = {"seconds": last["seconds"] + info["seconds"],
+                "finished": finished and (last["finished"] or resume)}
     (work / "run.json").write_text(json.dumps(info))
     return collect(module)
 
@@ -264,6 +309,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per module (default 1800)")
     parser.add_argument("--rerun-survivors", action="store_true",
                         help="run only the last run's unexplained survivors again, with the current tests")
+    parser.add_argument("--resume", action="store_true",
+                        help="run only the mutants the last run left unchecked (stopped at the time limit)")
     parser.add_argument("--report-only", action="store_true",
                         help="rebuild the report from the last run of each module (no mutmut run)")
     args = parser.parse_args(argv)
@@ -280,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.report_only and not (WORK / slug(module) / "mutants").exists():
             continue
         results[module] = (collect(module) if args.report_only
-                           else run_module(module, args.timeout, args.rerun_survivors))
+                           else run_module(module, args.timeout, args.rerun_survivors, args.resume))
         logger.info("%s: %s in %.0f s", module, results[module]["counts"], results[module]["seconds"])
         (WORK / "report.md").write_text(report(results))  # after each module: a stopped run keeps its report
     sys.stdout.write(report(results))

@@ -3,6 +3,8 @@
 
 import os
 
+import pytest
+
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -27,15 +29,27 @@ def pytest_unconfigure(config) -> None:
         guard.stop()
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    """`ROLLOUT_PIPELINE_TEST_CPU_CAP=S` fails a test once it has used S seconds of CPU time,
+    `ROLLOUT_PIPELINE_TEST_IDLE_CAP=S` once it has waited S seconds without running (the mutation
+    run sets them: a mutant that makes a test spin or wait forever costs seconds; tests/cpu_guard.py)."""
+    from cpu_guard import cpu_time_limit
+
+    with cpu_time_limit(float(os.environ.get("ROLLOUT_PIPELINE_TEST_CPU_CAP", "0") or 0), item.nodeid,
+                        float(os.environ.get("ROLLOUT_PIPELINE_TEST_IDLE_CAP", "0") or 0)):
+        yield
+
+
 def pytest_collection_modifyitems(config, items) -> None:
     """`ROLLOUT_PIPELINE_TEST_TIMEOUT_CAP=S` caps every test's time limit at S seconds (the
     mutation run sets it: a mutant that hangs a test costs S, not the test's full limit)."""
     cap = float(os.environ.get("ROLLOUT_PIPELINE_TEST_TIMEOUT_CAP", "0") or 0)
     if cap <= 0:
         return
-    import pytest
-
     # import the heavy libraries now, so a test's first import does not eat its capped time
+    # (pyarrow pulls pandas in on a data source's first read: a second of the first test)
+    import pandas  # noqa: F401
     import torch  # noqa: F401
     import transformers  # noqa: F401
 

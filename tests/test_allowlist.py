@@ -55,8 +55,37 @@ def test_load_object_errors_name_the_place():
             load_object(bad, ALLOWED, "eval")
     with pytest.raises(PluginImportError, match=r"^plugin: cannot import 'pipeline.nope.fn': ModuleNotFoundError"):
         load_object("pipeline.nope.fn", ALLOWED)
-    with pytest.raises(PluginImportError, match=r"module 'pipeline.plugins' has no attribute 'nope'"):
+    with pytest.raises(PluginImportError, match=r"^plugin: cannot import 'pipeline.plugins.nope': module "
+                                                 r"'pipeline.plugins' has no attribute 'nope'$"):
         load_object("pipeline.plugins.nope", ALLOWED)
+    with pytest.raises(ConfigError, match=r"^plugin: expected a dotted path 'pkg.mod.name', got 'nodots'$"):
+        load_object("nodots", ALLOWED)
+    # a nested path (pkg.mod.Class.attr) names the place too when what it resolves to is refused
+    with pytest.raises(TargetNotAllowedError, match=r"^eval \('pipeline.atomic.os.path.join' resolves to "):
+        load_object("pipeline.atomic.os.path.join", ALLOWED, "eval")
+
+
+def test_a_path_that_resolves_inside_the_allowlist_elsewhere_loads():
+    # pipeline.stages.train_data imports Sample from pipeline.sample: another allowed module
+    from pipeline.sample import Sample
+
+    assert load_object("pipeline.stages.train_data.Sample", ALLOWED) is Sample
+    assert load_object("pipeline.stages.train_data.Sample.Status", ALLOWED) is Sample.Status  # nested: one level up
+
+
+def test_only_modules_functions_and_classes_are_traced_to_their_origin(monkeypatch):
+    """Data (even with a __qualname__) and callables without a __qualname__ (a functools.partial)
+    have no defining module to check: the allowed path is what counts."""
+    import functools
+    import sys
+    import types
+
+    probe = types.ModuleType("pipeline.allowlist_probe")
+    probe.data = types.SimpleNamespace(__module__="os", __qualname__="system")  # not callable
+    probe.bound = functools.partial(dict, a=1)  # callable, no __qualname__
+    monkeypatch.setitem(sys.modules, "pipeline.allowlist_probe", probe)
+    assert load_object("pipeline.allowlist_probe.data", ALLOWED) is probe.data
+    assert load_object("pipeline.allowlist_probe.bound", ALLOWED) is probe.bound
 
 
 def test_check_tree_finds_targets_at_any_depth_and_names_them():
@@ -72,3 +101,10 @@ def test_allowed_targets_adds_the_extra_prefixes():
     assert allowed_targets({"allowed_targets": ["pipeline."], "allowed_targets_extra": ["mine."]}) == ("pipeline.",
                                                                                                        "mine.")
     assert allowed_targets({"allowed_targets": ["pipeline."], "allowed_targets_extra": None}) == ("pipeline.",)
+
+
+def test_allowed_targets_from_an_args_view_without_the_keys_is_no_check():
+    from types import SimpleNamespace
+
+    assert allowed_targets(SimpleNamespace()) is None  # a plugin's own args namespace: nothing to check
+    assert allowed_targets(SimpleNamespace(allowed_targets=["pipeline."])) == ("pipeline.",)

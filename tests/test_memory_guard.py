@@ -1,13 +1,16 @@
-"""The session's memory guard turns a runaway allocation into a quick test failure."""
+"""The runaway guards: the session's memory guard turns a runaway allocation into a quick test
+failure; the mutation run's CPU-time cap does the same for a test that spins."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 
 import psutil
 import pytest
 
+from cpu_guard import CpuTimeExceeded, cpu_time_limit
 from memory_guard import MemoryGuard, MemoryLimitExceeded
 
 pytestmark = pytest.mark.timeout(60)
@@ -45,3 +48,33 @@ def test_session_guard_is_running(pytestconfig):
         pytest.skip("the session guard is turned off")
     guard = getattr(pytestconfig, "_memory_guard", None)
     assert guard is not None and guard.limit_bytes > 0
+
+
+def test_cpu_time_cap_stops_a_spinning_event_loop():
+    async def spin() -> None:  # a rollout that never fills its batch: the loop keeps going
+        while True:
+            await asyncio.sleep(0)
+
+    start = time.process_time()
+    with pytest.raises(CpuTimeExceeded, match=r"^spin: more than 0.3 s of CPU time"):
+        with cpu_time_limit(0.3, "spin"):
+            asyncio.run(spin())
+    assert 0.2 <= time.process_time() - start < 5  # (the kernel counts CPU time in ticks)
+    assert not issubclass(CpuTimeExceeded, Exception)
+    with cpu_time_limit(0.3, "idle"):
+        time.sleep(0.5)  # waiting uses no CPU time
+
+
+def test_idle_cap_stops_an_event_loop_that_waits_forever():
+    async def wait_forever() -> None:  # a rollout waiting on a group that never comes back
+        await asyncio.Event().wait()
+
+    start = time.monotonic()
+    with pytest.raises(CpuTimeExceeded, match=r"^wait: waited more than 0.5 s without running"):
+        with cpu_time_limit(0, "wait", idle_seconds=0.5):
+            asyncio.run(wait_forever())
+    assert time.monotonic() - start < 10
+    with cpu_time_limit(0, "busy", idle_seconds=0.5):
+        end = time.monotonic() + 1.0
+        while time.monotonic() < end:  # running is not idling
+            pass

@@ -68,9 +68,12 @@ def _copies(obj: Any, n: int) -> list[Any]:
         return [obj, *map(dict.copy, [obj] * (n - 1))]
     try:
         text = json.dumps(obj)
-        return [obj] + [json.loads(text) for _ in range(n - 1)]
+        copies = [json.loads(text) for _ in range(n - 1)]
+        if not copies or copies[0] == obj:  # a round trip that changes the value (tuples, int keys) is no copy
+            return [obj] + copies
     except (TypeError, ValueError):  # not JSON (e.g. bytes from parquet)
-        return [obj] + [copy.deepcopy(obj) for _ in range(n - 1)]
+        pass
+    return [obj] + [copy.deepcopy(obj) for _ in range(n - 1)]
 
 
 def prompt_groups(dataset: PromptDataset, ks: np.ndarray, n: int, first_group: int = 0,

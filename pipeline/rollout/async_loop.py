@@ -9,6 +9,7 @@ works whether or not the caller is itself inside a running loop.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -19,6 +20,18 @@ T = TypeVar("T")
 
 _lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
+
+
+def _forget_loop_after_fork() -> None:
+    """In a forked child the loop's thread does not exist (fork copies only the calling thread):
+    drop the loop, so the next call starts one there instead of waiting on a dead one forever."""
+    global _lock, _loop
+    _lock = threading.Lock()
+    _loop = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_loop_after_fork)
 
 
 def get_loop() -> asyncio.AbstractEventLoop:

@@ -141,6 +141,7 @@ def test_buffer_only_mode(tmp_path: Path, build: str) -> None:
     src.add_samples(samples=fed)
     got = src.get_samples(2)
     assert got[0][0] is fed[0][0] and [s.index for s in got[1]] == [4, 5]  # buffer first, then fresh indices
+    assert [s.group_index for s in got[1]] == [2, 2]
     src.update_metadata({"seen": 3})
     src.add_samples(got[:1])
     src.save(5)

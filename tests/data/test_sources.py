@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -69,6 +70,48 @@ def test_samples_share_no_mutable_state(tmp_path: Path) -> None:
     assert again.metadata["nested"]["x"] == [1, 2] and again.prompt[0]["content"] == "hi"
 
 
+def test_immutable_values_are_shared_and_mutable_ones_copied() -> None:
+    """A group of n samples holds one prompt string, not n; containers are per sample, equal to
+    the decoded value whatever it holds (parquet gives bytes and, for map columns, tuples)."""
+    from pipeline.data.sources import _copies
+
+    for value in ("a long prompt " * 4, 1.5, 10**12, True, None):
+        assert all(c is value for c in _copies(value, 3))
+    flat = {"s": "text " * 4, "i": 10**12, "f": 0.5, "b": True, "n": None}  # every immutable type
+    copies = _copies(flat, 3)
+    assert copies[0] is flat and all(c == flat and c is not flat and c["s"] is flat["s"] for c in copies[1:])
+    cases = [({"tags": ["a"], "img": [b"\x00"]}, lambda v: v["tags"]),  # not JSON: deep copies
+             ({"pairs": [("k", 1)]}, lambda v: v["pairs"]),               # a parquet map column: tuples stay
+             ({"by_id": {1: ["x"]}}, lambda v: v["by_id"][1]),            # int keys stay
+             ([{"role": "user", "content": ["hi"]}], lambda v: v[0]["content"])]
+    for value, inner in cases:
+        copies = _copies(value, 3)
+        assert copies[0] is value and all(c == value for c in copies), value
+        inner(copies[1]).append("changed")
+        assert inner(copies[0]) != inner(copies[1]) and inner(copies[2]) == inner(value), value
+    assert _copies({"a": [1]}, 1) == [{"a": [1]}]
+    pair = _copies({"a": [1]}, 2)
+    assert pair == [{"a": [1]}] * 2 and pair[1]["a"] is not pair[0]["a"]
+
+
+def test_get_samples_refuses_a_bad_count_and_notes_a_wrapping_request_once(data5: str, caplog) -> None:
+    src = PlainDataSource(prompt_data=data5, label_key=None, apply_chat_template=False, n_samples_per_prompt=1)
+    for bad in (-1, True, 2.0, "2"):
+        with pytest.raises(DataError, match=rf"^get_samples: num_groups must be a non-negative integer, got "
+                                            rf"{re.escape(repr(bad))}$"):
+            src.get_samples(bad)
+    with caplog.at_level("WARNING", logger="pipeline.data.sources"):
+        src.get_samples(2)
+        src.get_samples(5)  # the whole dataset: no wrap inside one batch
+        assert caplog.records == []
+        src.get_samples(7)
+        src.get_samples(6)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{data5}: a request for 7 groups is larger than the dataset (5 prompts): the epoch wraps inside one batch, "
+        "so the same prompts appear more than once in it (noted once; lower rollout_batch_size / "
+        "over_sampling_batch_size or add prompts)"]
+
+
 def test_flat_metadata_copies_are_independent(data5: str) -> None:
     g = PlainDataSource(prompt_data=data5, n_samples_per_prompt=2, label_key=None, apply_chat_template=False).get_samples(1)[0]
     g[0].metadata["i"] = -1
@@ -77,7 +120,8 @@ def test_flat_metadata_copies_are_independent(data5: str) -> None:
 
 def test_plain_add_samples_raises(data5: str) -> None:
     src = PlainDataSource(prompt_data=data5, n_samples_per_prompt=2, label_key=None, apply_chat_template=False)
-    with pytest.raises(TypeError, match="read-only"):
+    with pytest.raises(TypeError, match=r"^PlainDataSource is read-only: add_samples needs a buffer; use "
+                                        r"pipeline\.BufferedDataSource \(data_source=buffered\)$"):
         src.add_samples(src.get_samples(1))
     assert src.get_buffer_length() == 0 and len(src) == 5
 
@@ -85,7 +129,7 @@ def test_plain_add_samples_raises(data5: str) -> None:
 @pytest.mark.parametrize(
     ("groups", "match"),
     [
-        ("not a list", "expects a list of groups"),
+        ("not a list", r"^add_samples expects a list of groups \(lists of Samples\), got str$"),
         ([Sample(), Sample()], "item 0 is a Sample, expected a group"),
         ([[Sample()]], "group 0 has 1 samples, expected n_samples_per_prompt=2"),
         ([[Sample(), Sample()], [Sample(), Sample(), Sample()]], "group 1 has 3 samples"),
@@ -129,6 +173,74 @@ def test_buffer_filter_returning_too_much_is_an_error(data5: str) -> None:
     src.add_samples(src.get_samples(3))
     with pytest.raises(DataError, match="returned 3 groups for a request of 1"):
         src.get_samples(1)
+
+
+class KeepAll:
+    """A callable buffer filter object (no __qualname__ of its own: errors name its class)."""
+
+    def __init__(self, out: Any) -> None:
+        self.out = out
+
+    def __call__(self, args: Any, rid: Any, buffer: list, num: int) -> Any:
+        return self.out
+
+
+def test_a_buffer_filter_returning_something_else_than_groups_is_named(data5: str) -> None:
+    def as_tuple(args: Any, rid: Any, buffer: list, num: int) -> Any:
+        return tuple(buffer[:num])
+
+    cases = [(as_tuple, r"buffer filter test_a_buffer_filter_returning_something_else_than_groups_is_named"
+                        r"\.<locals>\.as_tuple must return a list of groups \(lists\), got tuple$"),
+             (KeepAll("groups"), r"^buffer filter KeepAll must return a list of groups \(lists\), got str$"),
+             (KeepAll([Sample()]), r"^buffer filter KeepAll must return a list of groups \(lists\), got list$"),
+             (KeepAll([[Sample()]] * 2), r"^buffer filter KeepAll returned 2 groups for a request of 1$")]
+    for buffer_filter, match in cases:
+        src = BufferedDataSource(prompt_data=data5, label_key=None, apply_chat_template=False, n_samples_per_prompt=1, buffer_filter=buffer_filter)
+        src.add_samples(src.get_samples(2))
+        with pytest.raises(DataError, match=match):
+            src.get_samples(1)
+
+
+def test_load_state_dict_names_its_source_and_copies_by_default(data5: str) -> None:
+    from pipeline.data.checkpoint import CheckpointError
+
+    src = BufferedDataSource(prompt_data=data5, label_key=None, apply_chat_template=False, n_samples_per_prompt=1)
+    with pytest.raises(CheckpointError, match=r"^state: not a data-source state \(format 'bogus'\)$"):
+        src.load_state_dict({"format": "bogus"})
+    with pytest.raises(CheckpointError, match=r"^ckpt\.json: not a data-source state"):
+        src.load_state_dict({"format": None}, source="ckpt.json")
+    a = BufferedDataSource(prompt_data=data5, label_key=None, apply_chat_template=False, n_samples_per_prompt=1)
+    a.add_samples(a.get_samples(1))
+    a.update_metadata({"seen": {"ids": [1]}})
+    state = a.state_dict()
+    b = BufferedDataSource(prompt_data=data5, label_key=None, apply_chat_template=False, n_samples_per_prompt=1)
+    b.load_state_dict(state)  # a copy: the caller's dict stays the caller's
+    state["metadata"]["seen"]["ids"].append(2)
+    assert b.get_metadata() == {"seen": {"ids": [1]}} and b.get_buffer_length() == 1
+    c = BufferedDataSource(prompt_data=data5, label_key=None, apply_chat_template=False, n_samples_per_prompt=1)
+    c.load_state_dict(state, copy_state=False)  # load() of a freshly read file: taken as it is, no copy
+    assert c.get_metadata()["seen"] is state["metadata"]["seen"]
+
+
+def test_a_plain_state_or_another_filter_resumes_in_a_buffered_source(data5: str) -> None:
+    """Resuming with other overrides: a plain run's state (no buffer) or a state written with a
+    stateless filter, loaded by a buffered source with a stateful filter."""
+    from pipeline.data.buffer_filters import OldestFirst
+
+    plain = PlainDataSource(prompt_data=data5, label_key=None, apply_chat_template=False, n_samples_per_prompt=1)
+    plain.get_samples(3)
+    state = plain.state_dict()
+    assert "buffer" not in state
+    for stateful in (OldestFirst(max_staleness=0), None):
+        src = BufferedDataSource(prompt_data=data5, label_key=None, apply_chat_template=False, n_samples_per_prompt=1, buffer_filter=stateful)
+        src.load_state_dict(state)
+        assert src.get_buffer_length() == 0 and src.sample_offset == 3
+    buffered = BufferedDataSource(prompt_data=data5, label_key=None, apply_chat_template=False, n_samples_per_prompt=1)  # pop_first: no filter state
+    buffered.add_samples(buffered.get_samples(1))
+    assert buffered.state_dict()["buffer_filter"] is None
+    src = BufferedDataSource(prompt_data=data5, label_key=None, apply_chat_template=False, n_samples_per_prompt=1, buffer_filter=OldestFirst(max_staleness=0))
+    src.load_state_dict(buffered.state_dict())
+    assert src.get_buffer_length() == 1 and src.buffer_filter.state_dict() == OldestFirst(max_staleness=0).state_dict()
 
 
 def test_from_args_and_slime_style_constructor(tmp_path: Path) -> None:

@@ -36,5 +36,5 @@ def make_rollout(tokenizer: ByteTokenizer):
     def _make(engine: ScriptedEngine | None = None, **kw: Any) -> EngineRollout:
         kw.setdefault("progress", False)
         return EngineRollout(engine=engine or ScriptedEngine(), reward=kw.pop("reward", BoxedReward()),
-                             tokenizer=tokenizer, **kw)
+                             tokenizer=kw.pop("tokenizer", tokenizer), **kw)
     return _make

@@ -78,6 +78,7 @@ def test_over_sampling_counts_and_drop_metric(make_rollout, make_source):
     assert m["rollout/fetch_rounds"] == 2
     assert m["rollout/groups_dropped"] == 3
     assert m["rollout/dynamic_filter/drop_odd"] == 3
+    assert m["rollout/filter_pass_rate"] == pytest.approx(4 / 7)  # decided in order: 4 kept of 7
 
 
 def test_keep_when_insufficient(make_rollout, make_source):
@@ -270,3 +271,92 @@ def test_requests_ask_for_batch_invariant_log_probs_when_configured(kw, expected
     engine = SpyEngine()
     make_rollout(engine, **kw)(make_args(rollout_batch_size=2), 0, make_source(n=2, buffered=False))
     assert engine.requests and {r.sampling.batch_invariant for r in engine.requests} == {expected}
+
+
+LEFTOVER_KEYS = ("surplus_groups_carried", "surplus_groups_dropped", "aborted_groups_to_buffer",
+                 "aborted_groups_dropped", "aborted_groups_restarted")
+
+
+class AbortsFirstEngine(ScriptedEngine):
+    """Scripted engine that aborts sample 0's first request after one token (an engine restart)."""
+
+    aborted = False
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        result = await super().generate(request)
+        if "-s0-" in request.request_id and not self.aborted:
+            self.aborted = True
+            return GenerationResult(request.request_id, result.output_ids[:1], result.text[:1], "abort", None)
+        return result
+
+
+@pytest.mark.parametrize("case", ["plain", "buffered", "buffered_finish", "deterministic", "partial",
+                                  "engine_abort"])
+def test_every_group_and_token_is_kept_buffered_or_counted_wasted(case, make_rollout, make_source):
+    """Whatever the timing: each submitted group is kept, carried to the buffer or dropped, and
+    each generated token is in the batch, in the buffer or counted in rollout/wasted_tokens."""
+    args = make_args(rollout_batch_size=2, n_samples_per_prompt=2, over_sampling_batch_size=8,
+                     partial_rollout=case == "partial")
+    engine = (AbortsFirstEngine if case == "engine_abort" else ScriptedEngine)(token_delay=0.001, max_filler=10)
+    rollout = make_rollout(engine, deterministic=case == "deterministic", finish_surplus=case == "buffered_finish")
+    src = make_source(n=2, buffered=case != "plain")
+    out = rollout(args, 0, src)
+    m = out.metrics
+    buffer = getattr(src, "buffer", [])
+    assert m["rollout/groups_submitted"] == len(out.samples) + sum(m[f"rollout/{k}"] for k in LEFTOVER_KEYS)
+    assert len(buffer) == m["rollout/groups_to_buffer"] == (
+        m["rollout/surplus_groups_carried"] + m["rollout/aborted_groups_to_buffer"]
+        + m["rollout/aborted_groups_restarted"])
+    kept = sum(s.response_length for g in out.samples for s in g)
+    buffered = sum(s.response_length for g in buffer for s in g)
+    assert m["rollout/tokens_generated"] == kept + buffered + m["rollout/wasted_tokens"]
+    unfinished = [g for g in buffer if any(s.status not in (Sample.Status.COMPLETED, Sample.Status.TRUNCATED)
+                                           for s in g)]
+    if case == "plain":
+        assert buffer == [] and m["rollout/surplus_groups_dropped"] + m["rollout/aborted_groups_dropped"] == 6
+    if case == "deterministic":  # what got generated for a group not admitted depends on timing: regenerated
+        assert all(s.response_length == 0 and s.status == Sample.Status.PENDING for g in buffer for s in g)
+        assert len(buffer) == 6 and m["rollout/wasted_tokens"] == m["rollout/tokens_generated"] - kept
+    if case in ("buffered", "buffered_finish"):  # no partial rollout: unfinished groups come back fresh
+        assert all(s.response_length == 0 and s.status == Sample.Status.PENDING for g in unfinished for s in g)
+        assert m["rollout/aborted_groups_to_buffer"] == 0
+    if case == "buffered_finish":  # the groups in flight finish into the buffer
+        assert m["rollout/surplus_groups_finished"] > 0 and unfinished == []
+        assert m["rollout/aborted_groups_dropped"] == m["rollout/aborted_groups_restarted"] == 0
+    else:
+        assert m["rollout/surplus_groups_finished"] == 0
+    if case == "partial":  # unfinished groups keep their tokens, marked with the rollout they started in
+        assert m["rollout/aborted_groups_restarted"] == m["rollout/aborted_groups_dropped"] == 0
+        assert all(s.metadata["start_rollout_id"] == 0 for g in buffer for s in g if s.response_length)
+    if case == "engine_abort":  # the group the engine aborted before the batch filled: dropped, never kept
+        assert m["rollout/groups_dropped"] >= 1 and all(g[0].index != 0 for g in out.samples)
+        assert m["rollout/aborted_groups_dropped"] >= 1 and not any(s.index == 0 for g in buffer for s in g)
+    assert all("start_rollout_id" not in s.metadata for g in buffer for s in g if not s.response_length)
+
+
+def test_buffer_traffic_fetches_and_one_encode_per_fetch(make_rollout, make_source, tokenizer):
+    calls: list[int] = []
+
+    class CountingTokenizer(type(tokenizer)):
+        def __call__(self, text, **kw):
+            calls.append(len(text) if isinstance(text, list) else 1)
+            return super().__call__(text, **kw)
+
+    src = make_source(n=2)
+    src.add_samples(src.get_samples(2))  # two fresh groups waiting in the buffer
+    rollout = make_rollout(tokenizer=CountingTokenizer(), finish_surplus=False, dynamic_filter=drop_odd)
+    out = rollout(make_args(rollout_batch_size=2, n_samples_per_prompt=2), 0, src)
+    m = out.metrics
+    assert m["rollout/groups_from_buffer"] == 2 and m["rollout/groups_fetched"] == m["rollout/groups_submitted"]
+    assert m["rollout/fetch_rounds"] >= 2 and m["rollout/groups_fetched"] > 2
+    # every fetch round's fresh prompts go to the tokenizer in one batched call, none one by one
+    assert len(calls) == m["rollout/fetch_rounds"] and sum(calls) == 2 * m["rollout/groups_fetched"]
+
+
+def test_a_data_source_that_returns_nothing_is_an_error(make_rollout):
+    class Empty:
+        def get_samples(self, num):
+            return []
+
+    with pytest.raises(RuntimeError, match=r"^rollout 3: the data source returned no groups when asked for 2$"):
+        make_rollout()(make_args(rollout_batch_size=2), 3, Empty())

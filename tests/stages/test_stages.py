@@ -184,12 +184,46 @@ def test_log_probs_carried_and_tensors_padded(caplog):
 
 
 def test_custom_convert_hook_replaces_conversion_and_post_process():
-    parts = StageParts(args=_args(), data_source=None, rollout_fn=None,
-                       plugins={"convert_to_train_data": lambda args, samples: {"n": len(samples)}})
+    args, calls = _args(), []
+    parts = StageParts(args=args, data_source=None, rollout_fn=None, plugins={
+        "convert_to_train_data": lambda a, samples: calls.append((a, samples)) or {"n": len(samples)}})
     ctx = RolloutContext(rollout_id=0, samples=_samples([{"x": 1}, {"x": 0}]))
     rewards_stage(ctx, parts)  # skipped: dict rewards would fail the built-in one
     train_data_stage(ctx, parts)
     assert ctx.train_data == {"n": 2}
+    assert calls == [(args, ctx.samples)] and calls[0][0] is args and calls[0][1] is ctx.samples
+    bad = StageParts(args=args, data_source=None, rollout_fn=None,
+                     plugins={"convert_to_train_data": lambda a, s: [1, 2]})
+    with pytest.raises(TypeError, match=r"^convert hook returned list; expected a dict of lists$"):
+        train_data_stage(ctx, bad)
+
+
+def test_train_data_stage_converts_the_post_processed_rewards():
+    ctx = RolloutContext(rollout_id=3, samples=_samples([1, 0]), raw_rewards=[1.0, 0.0], rewards=[0.5, -0.5])
+    train_data_stage(ctx, StageParts(args=_args(), data_source=None, rollout_fn=None))
+    assert ctx.train_data["raw_reward"] == [1.0, 0.0] and ctx.train_data["rewards"] == [0.5, -0.5]
+    assert ctx.train_data["tokens"] == [[1, 2, 3], [1, 2, 3]] and ctx.train_data["sample_indices"] == [0, 1]
+
+
+def test_rollout_data_postprocess_gets_slimes_two_call_forms():
+    args, calls = _args(), []
+
+    def new_form(a, rollout_id, data):
+        data["seen"] = rollout_id  # edits the stage's train data in place
+        calls.append(("new", a, rollout_id))
+
+    def old_form(a):
+        calls.append(("old", a))
+
+    def var_form(*rest):  # any number of positional parameters: the full form
+        calls.append(("var", len(rest)))
+
+    for hook in (new_form, old_form, var_form):
+        ctx = RolloutContext(rollout_id=7, samples=_samples([1, 0]), raw_rewards=[1, 0], rewards=[1, 0])
+        train_data_stage(ctx, StageParts(args=args, data_source=None, rollout_fn=None,
+                                         plugins={"rollout_data_postprocess": hook}))
+        assert ctx.train_data.get("seen") == (7 if hook is new_form else None)
+    assert calls == [("new", args, 7), ("old", args), ("var", 3)]
 
 
 # ------------------------------------------------------------------ generate / sample filter

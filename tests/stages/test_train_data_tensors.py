@@ -59,3 +59,11 @@ def test_pad_shapes_and_dtypes():
     out = _pad([[0.5], [], [1.5, 2.5]], -1.0, torch.float32)
     assert out.dtype == torch.float32 and out.tolist() == [[0.5, -1.0], [-1.0, -1.0], [1.5, 2.5]]
     assert _pad([[1, 2]], 9, torch.long).dtype == torch.long
+
+
+def test_integer_rewards_and_the_default_padding():
+    td = convert_to_train_data(ARGS, batch(), [1, 0], [1, -1])  # a rule-based reward gives ints
+    t = to_tensors(td)
+    assert t["raw_reward"].dtype == t["rewards"].dtype == torch.float32
+    assert t["raw_reward"].tolist() == [1.0, 0.0] and t["rewards"].tolist() == [1.0, -1.0]
+    assert t["tokens"].tolist() == [[5, 6, 7], [5, 8, 0]]  # padded with token id 0 unless told
