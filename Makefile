@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.installed
 ARGS   ?=
 PYTEST_ARGS ?=
 
-.PHONY: run test test-fast test-vllm bench-data bench-engine venv mutation
+.PHONY: run test test-fast test-vllm bench-data bench-engine bench-trainer venv mutation
 
 venv: $(STAMP)
 
@@ -34,6 +34,10 @@ bench-data: $(STAMP)
 
 bench-engine: $(STAMP)
 	$(PY) bench/engine.py
+
+# ours (trainer=policy_gradient) vs TRL's GRPOTrainer, side by side; builds .venv-trl/ on first use
+bench-trainer: $(STAMP)
+	$(PY) bench/trainer.py $(ARGS)
 
 # Mutation testing (mutmut; slow, not in CI): `make mutation` runs every covered module,
 # `make mutation MODULES="pipeline/data/order.py pipeline/stages/log.py"` some of them.

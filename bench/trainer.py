@@ -1,0 +1,121 @@
+"""Trainer benchmark (`make bench-trainer`; not in CI): our pipeline with `trainer=policy_gradient`
+against TRL's `GRPOTrainer`, side by side in one run, on the same model (SmolLM2-135M-Instruct),
+prompts (data/math_train.jsonl), reward (pipeline/rewards/math.py), samples per step, new tokens
+and learning rate.
+
+Reported per trainer: seconds per step (ours split into generation and training), held-out greedy
+pass@1 on data/math_eval.jsonl before and after the same number of steps, and the ratio of
+seconds per step (target: ours <= 1/3 of TRL's). TRL runs in its own virtualenv (`.venv-trl/`,
+built by scripts/trl_venv.sh on first use: trl 1.16.0 beside torch 2.13.0 CPU); it is not a
+dependency of the project.
+
+Usage: python bench/trainer.py [--steps 5] [--prompts-per-step 4] [--n 4] [--new-tokens 48]
+       [--lr 1e-5] [--seed 1] [--skip-trl] [--skip-ours] [--skip-eval]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+TRL_VENV = ROOT / ".venv-trl"
+
+
+def _model_folder() -> str:
+    """The converted HF folder of the bundled model (converted once into the cache)."""
+    sys.path.insert(0, str(ROOT))
+    from pipeline.engines.assets import resolve_checkpoint
+
+    return resolve_checkpoint("smollm2-135m-instruct")
+
+
+def run_trl(a: argparse.Namespace, model: str, out_dir: Path) -> dict[str, Any]:
+    """TRL's GRPOTrainer in .venv-trl (bench/trl_grpo.py); returns its JSON result."""
+    if not (TRL_VENV / "bin" / "python").exists():
+        subprocess.run(["bash", str(ROOT / "scripts" / "trl_venv.sh"), str(TRL_VENV)], check=True)
+    out = out_dir / "trl.json"
+    cmd = [str(TRL_VENV / "bin" / "python"), str(ROOT / "bench" / "trl_grpo.py"), "--model", model,
+           "--prompts-per-step", str(a.prompts_per_step), "--n", str(a.n), "--new-tokens", str(a.new_tokens),
+           "--lr", str(a.lr), "--steps", str(a.steps), "--seed", str(a.seed), "--out", str(out)]
+    if a.skip_eval:
+        cmd.append("--skip-eval")
+    subprocess.run(cmd, check=True, cwd=ROOT)
+    return json.loads(out.read_text())
+
+
+def run_ours(a: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
+    """`python run.py experiment=learn` sized like the TRL run; reads its metrics.jsonl."""
+    run_dir = out_dir / "ours"
+    overrides = ["experiment=learn", f"num_rollout={a.steps}", f"rollout_batch_size={a.prompts_per_step}",
+                 f"n_samples_per_prompt={a.n}", f"rollout_max_response_len={a.new_tokens}",
+                 f"trainer.lr={a.lr}",
+                 f"data_source.seed={a.seed}", "logger=jsonl", f"hydra.run.dir={run_dir}"]
+    overrides += (["eval_interval=null", "eval_before_train=false"] if a.skip_eval
+                  else [f"eval_interval={a.steps}", "eval_before_train=true"])
+    subprocess.run([sys.executable, "run.py", *overrides], check=True, cwd=ROOT)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    steps = [r for r in rows if "perf/train_time" in r]
+    evals = [r["eval/math"] for r in rows if "eval/math" in r]
+    generate = [r["perf/rollout_time"] for r in steps]
+    train = [r["perf/train_time"] + r.get("perf/weight_sync_time", 0.0) for r in steps]
+    return {"trainer": "ours", "steps": len(steps), "seconds_per_step": [g + t for g, t in zip(generate, train)],
+            "generate_s": generate, "train_s": train,
+            "pass_at_1_before": evals[0] if len(evals) > 1 else None,
+            "pass_at_1_after": evals[-1] if evals else None,
+            "reward_per_step": [r.get("rollout/raw_reward") for r in steps], "load_average": os.getloadavg()[0]}
+
+
+def _fmt(x: float | None, spec: str = ".2f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def report(results: list[dict[str, Any]]) -> str:
+    """A Markdown table of the results, with the ours / TRL ratio of seconds per step."""
+    lines = ["| trainer | steps | s/step (median) | generate s | train s | pass@1 before | pass@1 after | load |",
+             "|---|---|---|---|---|---|---|---|"]
+    medians = {}
+    for r in results:
+        med = statistics.median(r["seconds_per_step"]) if r["seconds_per_step"] else None
+        medians[r["trainer"]] = med
+        gen = statistics.median(r["generate_s"]) if r.get("generate_s") else None
+        train = statistics.median(r["train_s"]) if r.get("train_s") else None
+        lines.append(f"| {r['trainer']} | {r['steps']} | {_fmt(med, '.1f')} | {_fmt(gen, '.1f')} | "
+                     f"{_fmt(train, '.1f')} | {_fmt(r['pass_at_1_before'])} | {_fmt(r['pass_at_1_after'])} | "
+                     f"{r['load_average']:.1f} |")
+    if medians.get("ours") and medians.get("trl"):
+        lines.append(f"\nours / TRL seconds per step: {medians['ours'] / medians['trl']:.3f} (target <= 0.333)")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--prompts-per-step", type=int, default=4)
+    parser.add_argument("--n", type=int, default=4, help="samples per prompt")
+    parser.add_argument("--new-tokens", type=int, default=48)
+    parser.add_argument("--lr", type=float, default=1e-5)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--skip-trl", action="store_true")
+    parser.add_argument("--skip-ours", action="store_true")
+    parser.add_argument("--skip-eval", action="store_true", help="no pass@1 (seconds per step only)")
+    a = parser.parse_args()
+    os.environ.setdefault("WANDB_MODE", "offline")
+    results = []
+    with tempfile.TemporaryDirectory(prefix="bench_trainer_") as tmp:
+        if not a.skip_ours:
+            results.append(run_ours(a, Path(tmp)))
+        if not a.skip_trl:
+            results.append(run_trl(a, _model_folder(), Path(tmp)))
+    sys.stdout.write(report(results) + "\n")
+
+
+if __name__ == "__main__":
+    main()
