@@ -61,11 +61,12 @@ def option_overrides(group: str, option: str, d: Path) -> list[str]:
                              "data_source.label_key=null", "n_samples_per_prompt=1", "advantage=none"],
         ("eval", "function"): ["eval.path=tests.plugins.slime_plugins.generate_rollout", "eval_interval=1"] + plugins,
         ("eval", "engine"): ["eval_interval=1", f"eval.datasets.0.prompt_data={d}/eval.jsonl"],
+        ("experiment", "learn"): [f"eval.datasets.0.prompt_data={d}/eval.jsonl"],
         ("experiment", "sft"): [f"data_source.prompt_data={d}/chat.jsonl"],
         ("filter", "reward_topk"): ["data_source=buffered"],
         ("filter", "oldest_first"): ["data_source=buffered"],
         ("advantage", "rloo"): ["n_samples_per_prompt=2"],
-        ("trainer", "function"): ["trainer.path=tests.plugins.trainer_hooks.count_train_data"] + plugins,
+        ("trainer", "function"): ["trainer.train_function_path=tests.plugins.trainer_hooks.count_train_data"] + plugins,
         ("reward", "custom"): ["reward.custom_rm_path=examples.reward.brevity_math", "allowed_targets_extra=[examples.]"],
         ("reward", "dapo"): ["reward_key=score"],
         # built from args alone (slime's names): the prompt file is the top-level prompt_data

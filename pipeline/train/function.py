@@ -23,11 +23,11 @@ __all__ = ["FunctionTrainer"]
 class FunctionTrainer:
     """Calls a user train function once per rollout (module docstring)."""
 
-    def __init__(self, path: str | None = None, fn: Callable[..., Any] | None = None, args: Any = None) -> None:
-        if not path and fn is None:
-            raise ValueError("trainer=function needs trainer.path=<pkg.module.train> (your "
+    def __init__(self, train_function_path: str | None = None, fn: Callable[..., Any] | None = None, args: Any = None) -> None:
+        if not train_function_path and fn is None:
+            raise ValueError("trainer=function needs trainer.train_function_path=<pkg.module.train> (your "
                              "train(args, rollout_id, train_data) -> metrics)")
-        self.path = path
+        self.train_function_path = train_function_path
         self._fn = fn
         self._args: Any = None
         self.weight_version = 0
@@ -38,7 +38,7 @@ class FunctionTrainer:
         """Load the function through the run's allowlist; it will receive `args`."""
         self._args = args
         if self._fn is None:
-            self._fn = load_object(self.path, allowed_targets(args), "trainer.path")
+            self._fn = load_object(self.train_function_path, allowed_targets(args), "trainer.train_function_path")
 
     def train(self, rollout_id: int, train_data: dict[str, Any]) -> dict[str, float]:
         """Call the function; its metrics (train/ prefixed where they have no area) plus
@@ -48,7 +48,7 @@ class FunctionTrainer:
         start = time.perf_counter()
         out = self._fn(self._args, rollout_id, train_data)
         if out is not None and not isinstance(out, dict):
-            raise TypeError(f"trainer function {self.path}: returned {type(out).__name__}; expected a dict of "
+            raise TypeError(f"trainer function {self.train_function_path}: returned {type(out).__name__}; expected a dict of "
                             f"metrics or None")
         self.weight_version += 1
         metrics = {k if "/" in str(k) else f"train/{k}": v for k, v in (out or {}).items()}
@@ -61,7 +61,7 @@ class FunctionTrainer:
 
     def save(self, directory: str) -> None:
         atomic_write_text(Path(directory) / "trainer_state.json",
-                          json.dumps({"weight_version": self.weight_version, "path": self.path}))
+                          json.dumps({"weight_version": self.weight_version, "train_function_path": self.train_function_path}))
 
     def load(self, directory: str) -> None:
         state = json.loads((Path(directory) / "trainer_state.json").read_text(encoding="utf-8"))

@@ -24,8 +24,8 @@ def trainer_problems(cfg: dict[str, Any]) -> list[str]:
     if not isinstance(node, dict):
         return []
     target = node.get("_target_")
-    if target == _FUNCTION and not node.get("path"):
-        return ["trainer=function needs trainer.path=<pkg.module.train> (your train(args, rollout_id, train_data) "
+    if target == _FUNCTION and not node.get("train_function_path"):
+        return ["trainer=function needs trainer.train_function_path=<pkg.module.train> (your train(args, rollout_id, train_data) "
                 "-> metrics)"]
     if target != _POLICY_GRADIENT:
         return []

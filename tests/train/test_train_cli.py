@@ -38,7 +38,7 @@ def test_function_trainer_metrics_state_and_resume(data, tmp_path):
     run = tmp_path / "run"
     common = ["engine=scripted", "logger=jsonl", f"data_source.path={data}", "rollout_batch_size=2",
               "n_samples_per_prompt=2", "rollout.progress=false", "rollout.summary=false", "trainer=function",
-              "trainer.path=tests.plugins.trainer_hooks.count_train_data", "allowed_targets_extra=[tests.]",
+              "trainer.train_function_path=tests.plugins.trainer_hooks.count_train_data", "allowed_targets_extra=[tests.]",
               f"hydra.run.dir={run}"]
     run_cli(common + ["num_rollout=2"])
     rows = read_metrics(run / "metrics.jsonl")

@@ -95,27 +95,27 @@ def user_train(args, rollout_id, train_data):
 
 
 def test_function_trainer_calls_the_user_function(tmp_path):
-    t = FunctionTrainer(path="test_train_sync.user_train")
+    t = FunctionTrainer(train_function_path="test_train_sync.user_train")
     t.bind_args(SlimeArgs({"offset": 10}))
     metrics = t.train(3, train_data())
     assert metrics["train/seen"] == 4.0 and metrics["custom/rollout"] == 13.0 and "perf/train_time" in metrics
     assert t.weight_version == 1 and t.weights_for_engine() is None
     assert push_weights(t, FullEngine(), None) == {}
     t.save(str(tmp_path))
-    again = FunctionTrainer(path="test_train_sync.user_train")
+    again = FunctionTrainer(train_function_path="test_train_sync.user_train")
     again.load(str(tmp_path))
     assert again.weight_version == 1
     assert json.loads((tmp_path / "trainer_state.json").read_text())["weight_version"] == 1
 
 
 def test_function_trainer_errors():
-    with pytest.raises(ValueError, match="trainer.path"):
+    with pytest.raises(ValueError, match="trainer.train_function_path"):
         FunctionTrainer()
     t = FunctionTrainer(fn=lambda args, rollout_id, data: [1.0])
     with pytest.raises(TypeError, match="expected a dict of metrics"):
         t.train(0, train_data())
-    with pytest.raises(Exception, match="trainer.path"):
-        FunctionTrainer(path="os.path.join").bind_args(SlimeArgs({"allowed_targets": ["pipeline."],
+    with pytest.raises(Exception, match="trainer.train_function_path"):
+        FunctionTrainer(train_function_path="os.path.join").bind_args(SlimeArgs({"allowed_targets": ["pipeline."],
                                                                   "allowed_targets_extra": []}))
 
 

@@ -32,5 +32,5 @@ def test_each_bad_value_is_named():
 def test_dr_grpo_needs_a_length_and_function_needs_a_path():
     assert "loss_agg_norm_len" in trainer_problems(node(loss_agg_mode="seq-mean-token-sum-norm",
                                                         loss_agg_norm_len=None))[0]
-    assert "trainer.path" in trainer_problems(
+    assert "trainer.train_function_path" in trainer_problems(
         {"trainer": {"_target_": "pipeline.train.function.FunctionTrainer", "path": None}})[0]
