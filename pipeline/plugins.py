@@ -4,7 +4,7 @@
   a config node (`build`: `_target_` [+ `_partial_`] or a dotted `path`, which is a function)
   and "which target does this node name" (`target_of`).
 * Signature inspection (`signature_of`, `accepts`, `accepted_keywords`, `positional_count`).
-* `SLOTS`, the table of plugin roles (`pipeline.slots` holds the rows): one `Slot` per config
+* `SLOTS`, the table of plugin roles (at the end of this module): one `Slot` per config
   key naming a plugin, saying how it is built, which runtime parts it may receive, and how the
   pipeline calls it. `pipeline.app.build_parts` builds the run from it and
   `pipeline.config_rules` checks the config against it.

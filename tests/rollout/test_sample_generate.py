@@ -30,7 +30,8 @@ def test_sampling_params_carry_every_rollout_arg_and_default_the_stops():
         temperature=0.7, top_p=0.9, top_k=20, max_new_tokens=64, stop=("</s>", "\n\n"), stop_token_ids=(2,), seed=5)
     unset = to_engine_params({**params, "top_k": None, "stop": None, "stop_token_ids": None, "seed": 9}, seed=5)
     assert (unset.top_k, unset.stop, unset.stop_token_ids, unset.seed) == (-1, (), (), 9)  # no cut; params' seed wins
-    bare = SimpleNamespace(rollout_temperature=1.0, rollout_top_p=1.0, rollout_top_k=-1, rollout_max_response_len=8)
+    bare = SimpleNamespace(rollout_temperature=1.0, rollout_top_p=1.0, rollout_top_k=-1, rollout_max_response_len=8,
+                           rollout_stop=None, rollout_stop_token_ids=None)
     assert sampling_params_from_args(bare)["stop"] == [] and sampling_params_from_args(bare)["stop_token_ids"] == []
     assert sampling_params_from_args(args, {"top_k": None, "max_new_tokens": 4})["max_new_tokens"] == 4
 
@@ -83,7 +84,8 @@ PARAMS = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_new_tokens": 6}
 def _generate(sample: Sample, args: Any = None, **params: Any) -> tuple[Sample, Any]:
     engine = RecordingEngine()
     ctx = GenContext(engine=engine, tokenizer=ByteTokenizer(), rollout_id=0)
-    asyncio.run(default_generate(ctx, args or SimpleNamespace(), sample, {**PARAMS, **params}))
+    args = args or SimpleNamespace(mask_offpolicy_in_partial_rollout=False)
+    asyncio.run(default_generate(ctx, args, sample, {**PARAMS, **params}))
     return sample, (engine.requests[0] if engine.requests else None)
 
 
@@ -112,5 +114,5 @@ def test_a_continued_sample_gets_a_seed_from_its_own_tokens_and_masks_them_when_
     sample, request = _generate(partial(), SimpleNamespace(mask_offpolicy_in_partial_rollout=True), seed=11)
     assert request.sampling.seed == continuation_seed(11, [7]) and request.input_ids == [1, 2, 7]
     assert sample.loss_mask == [0, 1, 1] and sample.response_length == 3
-    sample, request = _generate(partial(), SimpleNamespace(), seed=None)  # no seed: the engine picks
+    sample, request = _generate(partial(), seed=None)  # no seed: the engine picks
     assert request.sampling.seed is None and sample.loss_mask == [1, 1, 1]  # unmasked when not asked
