@@ -224,3 +224,34 @@ def test_bf16_autocast_gives_nearly_the_float32_gradient():
     cosine = torch.nn.functional.cosine_similarity(grads[0], grads[1], dim=0).item()
     assert grads[0].dtype == grads[1].dtype == torch.float32  # master weights stay float32
     assert 0.95 < cosine < 1.0  # close, and not the same computation
+
+
+def test_first_step_takes_old_log_probs_from_its_own_forward():
+    # before the first update the weights are those of the rollout, so the recompute forward is
+    # skipped for the first step's samples; gradients and metrics equal the recomputing path
+    model = tiny_llama()
+    full, skipping = trainer(copy.deepcopy(model), micro_batch_size=2), trainer(copy.deepcopy(model),
+                                                                               micro_batch_size=2)
+    forwards = []
+    skipping.model.register_forward_hook(lambda *_: forwards.append(1))
+    recomputed = full.prepare(train_data())
+    reused = skipping.prepare(train_data(), first_step=[0, 1, 2, 3])
+    assert all(lp is not None for lp in recomputed.old_log_probs)
+    assert reused.old_log_probs == [None] * 4 and not forwards
+    results = []
+    for t, prepared in ((full, recomputed), (skipping, reused)):
+        t.optimizer.zero_grad(set_to_none=True)
+        results.append((t.accumulate(prepared, [0, 1, 2, 3], backward=True), flat_grad(t.model)))
+    assert len(forwards) == 2  # one training forward per micro-batch, nothing else
+    assert results[0][0] == pytest.approx(results[1][0], rel=1e-12, abs=1e-15)
+    assert torch.allclose(results[0][1], results[1][1], rtol=1e-12, atol=1e-15)
+
+
+def test_only_the_first_step_skips_the_recompute():
+    t = trainer(global_batch_size=2)
+    prepared = t.prepare(train_data(), first_step=[0, 1])
+    assert prepared.old_log_probs[:2] == [None, None]
+    assert all(lp is not None for lp in prepared.old_log_probs[2:])
+    with_hook = trainer(custom_advantage_function_path="tests.plugins.trainer_hooks.double_advantages")
+    with_hook.bind_args(SlimeArgs({"allowed_targets": ["pipeline."], "allowed_targets_extra": ["tests.plugins."]}))
+    assert all(lp is not None for lp in with_hook.prepare(train_data(), first_step=[0, 1, 2, 3]).old_log_probs)
