@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.installed
 ARGS   ?=
 PYTEST_ARGS ?=
 
-.PHONY: run test test-fast test-vllm bench-data bench-engine bench-trainer venv mutation
+.PHONY: run test test-fast test-vllm bench-data bench-engine bench-trainer bench-learn venv mutation
 
 venv: $(STAMP)
 
@@ -34,6 +34,10 @@ bench-data: $(STAMP)
 
 bench-engine: $(STAMP)
 	$(PY) bench/engine.py
+
+# experiment=learn for 3 seeds: minutes to held-out pass@1 >= 0.8, s/step split, sweep report PNG
+bench-learn: $(STAMP)
+	$(PY) bench/learn.py $(ARGS)
 
 # ours (trainer=policy_gradient) vs TRL's GRPOTrainer, side by side; builds .venv-trl/ on first use
 bench-trainer: $(STAMP)

@@ -88,3 +88,37 @@ def test_policy_gradient_on_the_real_model_resumes_bit_identically(data, tmp_pat
     pb = load_file(str(split / "trainer" / "rollout_1" / "policy.safetensors"))
     assert pa.keys() == pb.keys() and all((pa[k] == pb[k]).all() for k in pa)
     assert (straight / "policy" / "model.safetensors").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_learn_sweep_gives_curves_per_job_in_wandb_and_bands_per_n(data, tmp_path):
+    """`-m experiment=learn data_source.seed=... n_samples_per_prompt=...` (the README's sweep,
+    shrunk): every job trains, logs its eval curve to offline wandb in one group, and the
+    report averages the seeds into one mean ± std band per n_samples_per_prompt."""
+    from pipeline.report.build import write_report
+    from tests.sinks import wandb_records
+
+    eval_file = tmp_path / "eval.jsonl"
+    eval_file.write_text("".join(json.dumps({"input": f"What is {i} + 1?", "label": str(i + 1)}) + "\n"
+                                 for i in range(3)))
+    sweep = tmp_path / "sweep"
+    run_cli(["-m", "experiment=learn", "data_source.seed=1,2", "n_samples_per_prompt=2,3", f"data_source.prompt_data={data}",
+             "num_rollout=2", "rollout_batch_size=1", "rollout_max_response_len=3", "eval_interval=2",
+             f"eval.datasets.0.prompt_data={eval_file}", "rollout.progress=false", "rollout.summary=false",
+             f"hydra.sweep.dir={sweep}"], timeout=880)
+    jobs = sorted((p for p in sweep.iterdir() if (p / "metrics.jsonl").is_file()), key=lambda p: int(p.name))
+    assert len(jobs) == 4
+    for job in jobs:
+        wandb_file = next((job / "wandb").glob("offline-run-*/run-*.wandb"))
+        info = wandb_records.run_info(wandb_file)
+        assert info["group"] == sweep.name
+        logged = wandb_records.history(wandb_file)
+        evals = [row["eval/math-pass@1"] for row in logged if "eval/math-pass@1" in row]
+        assert len(evals) == 2  # before the first update and after the second
+        assert all(0.0 <= v <= 1.0 for v in evals)
+        assert [row["train/weight_version"] for row in logged if "train/weight_version" in row] == [1, 2]
+    report = json.loads(Path(write_report(sweep)["json"]).read_text())
+    bands = [b for b in report["bands"] if b["key"] == "eval/math-pass@1"]
+    assert sorted(b["group"].split(" (")[0] for b in bands) == ["n_samples_per_prompt=2", "n_samples_per_prompt=3"]
+    assert all(len(b["jobs"]) == 2 for b in bands)
