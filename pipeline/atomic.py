@@ -14,7 +14,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["atomic_dir", "atomic_write_bytes", "atomic_write_text", "file_mode", "make_temp"]
+__all__ = ["atomic_dir", "atomic_write_bytes", "atomic_write_text", "file_mode", "make_temp", "remove_stale_temp_dirs"]
 
 
 def _umask() -> int:
@@ -86,3 +86,17 @@ def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def remove_stale_temp_dirs(parent: str | os.PathLike[str], name_glob: str) -> list[Path]:
+    """Delete the temp folders `atomic_dir` left in `parent` for targets named like `name_glob`
+    (`.<name>.<random>`) when its writer was killed half-way; returns what was removed. Only for
+    folders a single process writes (a run dir under its run.lock): a live writer's temp folder
+    would go too."""
+    folder = Path(parent)
+    if not folder.is_dir():
+        return []
+    stale = [p for p in folder.glob(f".{name_glob}.*") if p.is_dir()]
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+    return stale

@@ -17,7 +17,7 @@ from pipeline.sinks.jsonl import MetricsJsonl
 from pipeline.stages import STAGES, RolloutContext, StageParts
 from pipeline.stages.log import eval_metrics
 from pipeline.stages.persist import samples_path, write_failed
-from pipeline.stages.train import export_policy, save_trainer, trainer_state_dir
+from pipeline.stages.train import export_policy, policy_missing, save_trainer, trainer_state_dir
 
 __all__ = ["Pipeline", "Schedule", "ROLLOUT_STATE_KEY"]
 
@@ -96,7 +96,8 @@ class Pipeline:
                 self.commit(rollout_id, metrics)
             last = metrics
         trainer = self.parts.plugin("trainer")
-        if trainer is not None and last and self.parts.run_dir is not None:
+        if trainer is not None and self.parts.run_dir is not None and (
+                last or policy_missing(trainer, self.parts.run_dir)):
             export_policy(trainer, self.parts.run_dir)
         return last
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -85,3 +86,19 @@ def test_atomic_dir_replaces_a_folder_only_when_complete(tmp_path):
         (tmp / "b.txt").write_text("three")
     assert sorted(p.name for p in target.iterdir()) == ["b.txt"]
     assert [p.name for p in tmp_path.iterdir()] == ["state"]  # no temp folder left behind
+
+
+def test_stale_temp_dirs_of_a_killed_writer_are_removed(tmp_path):
+    """What atomic_dir leaves when its process is killed before the rename (`.<name>.<random>`)
+    goes; the targets themselves, other names and plain files stay."""
+    import tempfile
+
+    (tmp_path / "rollout_1").mkdir()
+    stale = [Path(tempfile.mkdtemp(dir=tmp_path, prefix=f".{name}.")) for name in ("rollout_2", "rollout_3")]
+    (stale[0] / "policy.safetensors").write_bytes(b"half")
+    other = Path(tempfile.mkdtemp(dir=tmp_path, prefix=".policy."))
+    (tmp_path / ".rollout_4.file").write_text("not a folder")
+    removed = atomic.remove_stale_temp_dirs(tmp_path, "rollout_*")
+    assert sorted(removed) == sorted(stale) and not any(p.exists() for p in stale)
+    assert (tmp_path / "rollout_1").is_dir() and other.is_dir() and (tmp_path / ".rollout_4.file").is_file()
+    assert atomic.remove_stale_temp_dirs(tmp_path / "missing", "x") == []

@@ -6,7 +6,10 @@ each data-source checkpoint (`save_trainer`, before the data-source file, so a c
 always has its trainer state) under `<run>/trainer/rollout_<id>/`, keeping the newest
 `TRAINER_STATES_KEPT`; a resume loads the state of the checkpoint it continues from and pushes
 those weights to the engine before the first rollout (`restore_trainer`). After the last rollout
-the policy is exported as a plain HF folder `<run>/policy/` (`export_policy`).
+the policy is exported as a plain HF folder `<run>/policy/` (`export_policy`); a resume with no
+rollout left to run exports it when it is missing (the run was killed during the export).
+Folders half-written by a killed process (`atomic_dir` temp folders under `<run>/trainer/` and
+`<run>/.policy.*`) are removed by the next save or export.
 """
 
 from __future__ import annotations
@@ -17,11 +20,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from pipeline.atomic import remove_stale_temp_dirs
 from pipeline.stages.context import RolloutContext, StageParts
 from pipeline.train.sync import push_weights
 
-__all__ = ["TRAINER_STATES_KEPT", "export_policy", "restore_trainer", "save_trainer", "train_stage",
-           "trainer_state_dir"]
+__all__ = ["TRAINER_STATES_KEPT", "export_policy", "policy_missing", "restore_trainer", "save_trainer",
+           "train_stage", "trainer_state_dir"]
 
 logger = logging.getLogger(__name__)
 
@@ -47,9 +51,12 @@ def trainer_state_dir(run_dir: str, rollout_id: int) -> Path:
 
 
 def save_trainer(trainer: Any, run_dir: str, rollout_id: int) -> None:
-    """Write the trainer state of `rollout_id` and prune older ones (newest TRAINER_STATES_KEPT)."""
-    trainer.save(str(trainer_state_dir(run_dir, rollout_id)))
+    """Write the trainer state of `rollout_id` and prune older ones (newest TRAINER_STATES_KEPT)
+    and half-written ones of a killed process."""
     root = Path(run_dir) / "trainer"
+    for stale in remove_stale_temp_dirs(root, "rollout_*"):
+        logger.info("removed the half-written trainer state %s (left by a killed run)", stale)
+    trainer.save(str(trainer_state_dir(run_dir, rollout_id)))
     found = sorted((int(m[1]), p) for p in root.iterdir() if (m := _NAME.match(p.name)) and p.is_dir())
     for _, old in found[:-TRAINER_STATES_KEPT]:
         shutil.rmtree(old, ignore_errors=True)
@@ -75,5 +82,14 @@ def export_policy(trainer: Any, run_dir: str) -> None:
     """The final policy as a plain HF folder `<run>/policy/` (trainers that can export)."""
     export = getattr(trainer, "export_hf", None)
     if callable(export):
+        for stale in remove_stale_temp_dirs(run_dir, "policy"):
+            logger.info("removed the half-written policy export %s (left by a killed run)", stale)
         folder = export(str(Path(run_dir) / "policy"))
         logger.info("final policy written to %s", folder)
+
+
+def policy_missing(trainer: Any, run_dir: str) -> bool:
+    """A trained policy (weight version > 0) that can be exported but has no `<run>/policy/` yet:
+    a resume after a kill during the export has no rollout left to run and still owes it."""
+    return (callable(getattr(trainer, "export_hf", None)) and int(trainer.weight_version) > 0
+            and not (Path(run_dir) / "policy").is_dir())

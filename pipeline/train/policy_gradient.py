@@ -34,7 +34,7 @@ from pipeline.train import batches, model as policy_model
 from pipeline.train.losses import KL_LOSS_TYPES, LOSS_AGG_MODES, batch_normalizer, sample_mean_reducer
 from pipeline.train.objective import LossHooks, MicroBatch, policy_loss
 from pipeline.train.optim import LrSchedule, make_adamw
-from pipeline.train.state import load_state, save_state
+from pipeline.train.state import load_state, save_state, seed_rngs
 
 __all__ = ["PolicyGradientTrainer", "HOOK_KEYS"]
 
@@ -79,6 +79,7 @@ class PolicyGradientTrainer:
         self._hooks: dict[str, Callable[..., Any] | None] = {key: None for key in HOOK_KEYS}
         self.weight_version = 0
         self.optimizer_step = 0
+        seed_rngs(int(k["seed"]))  # the streams `save` records and `load` restores
         if args is not None:
             self.bind_args(args)
 

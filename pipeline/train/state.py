@@ -24,9 +24,16 @@ from safetensors.torch import load_file, save_file
 
 from pipeline.atomic import atomic_dir, atomic_write_text
 
-__all__ = ["FORMAT_VERSION", "save_state", "load_state"]
+__all__ = ["FORMAT_VERSION", "save_state", "load_state", "seed_rngs"]
 
 FORMAT_VERSION = 1
+
+
+def seed_rngs(seed: int) -> None:
+    """Seed the process-wide RNGs whose states `save_state` saves (torch, random, numpy)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
 
 
 def _param_names(model: Any, optimizer: torch.optim.Optimizer) -> list[str]:

@@ -22,26 +22,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import socket
-import subprocess
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import torch
 
 from pipeline.engines.base import GenerationRequest, GenerationResult
 from pipeline.engines.openai import OpenAIEngine
 from tests.engines.conftest import request
+from tests.engines.vllm_server import selected, serve
 
 logger = logging.getLogger(__name__)
 
-VLLM_PYTHON = Path(os.environ.get("VLLM_PYTHON", ".venv-vllm/bin/python"))
-# Seconds to wait for the server's /health after start (model load + CPU warm-up on 2 cores).
-STARTUP_TIMEOUT_S = 600.0
 # Tolerance between vLLM's and the hf engine's log-probs (both float32 on CPU, different kernels;
 # measured differences are ~1e-5).
 LOGPROB_ATOL = 1e-3
@@ -52,30 +46,13 @@ CONCURRENCY = 32
 THROUGHPUT_NEW_TOKENS = 32
 MIN_SPEEDUP = 1.5
 
-
-def _selected(config: pytest.Config) -> bool:
-    return os.environ.get("VLLM_BASE_URL") is not None or (
-        str(config.getoption("markexpr", "")).strip() == "vllm" and VLLM_PYTHON.exists())
-
-
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
 
 @pytest.fixture(autouse=True)
 def _opt_in(request: pytest.FixtureRequest) -> None:
-    if not _selected(request.config):
+    if not selected(request.config):
         pytest.skip("opt-in: run `make test-vllm` (needs .venv-vllm) or set VLLM_BASE_URL")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _tail(path: Path, n: int = 40) -> str:
-    lines = path.read_text(errors="replace").splitlines()
-    return "\n".join(lines[-n:])
 
 
 @pytest.fixture(scope="module")
@@ -83,47 +60,14 @@ def vllm_url(request: pytest.FixtureRequest, model_path: str,
              tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Base URL of a vLLM server serving `model_path` (started here unless VLLM_BASE_URL)."""
     # module-scoped fixtures are set up before the function-scoped opt-in check: check here too
-    if not _selected(request.config):
+    if not selected(request.config):
         pytest.skip("opt-in: run `make test-vllm` (needs .venv-vllm) or set VLLM_BASE_URL")
     if os.environ.get("VLLM_BASE_URL"):
         yield os.environ["VLLM_BASE_URL"].rstrip("/")
         return
-    port = _free_port()
-    log_path = tmp_path_factory.mktemp("vllm") / "vllm.log"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
-           # KV cache size in GiB (the CPU backend's default is 4)
-           "VLLM_CPU_KVCACHE_SPACE": "1"}
-    cmd = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", model_path,
-           "--host", "127.0.0.1", "--port", str(port), "--enforce-eager", "--dtype", "float32",
-           "--max-model-len", "512", "--max-num-seqs", str(CONCURRENCY), "--seed", "0",
-           "--logprobs-mode", "processed_logprobs"]
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
-    started = time.monotonic()
-    try:
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"vLLM exited with {proc.returncode}; {log_path}:\n{_tail(log_path)}")
-            try:
-                if httpx.get(url + "/health", timeout=2).is_success:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() - started > STARTUP_TIMEOUT_S:
-                pytest.fail(f"vLLM not healthy after {STARTUP_TIMEOUT_S:.0f} s; {log_path}:\n"
-                            f"{_tail(log_path)}")
-            time.sleep(2)
-        logger.info("vLLM healthy after %.1f s", time.monotonic() - started)
+    with serve(model_path, tmp_path_factory.mktemp("vllm") / "vllm.log",
+               ["--max-num-seqs", str(CONCURRENCY)]) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,12 @@ the process exactly there. Points:
 - `persist`: a train-data / sample dump is about to be renamed into place (temp file written)
 - `checkpoint`: a data-source checkpoint is about to be renamed into place (temp file written,
   the previous checkpoint still the newest)
+- `train`: the trainer has accumulated one optimizer step's gradients (trainer=policy_gradient;
+  earlier steps of the same rollout already changed the weights in memory)
+- `trainer_state`: a file is renamed under `<run>/trainer/`: the first of each save is
+  `trainer_state.json` inside the half-written temp folder, the second the complete folder
+  `rollout_<id>` itself
+- `export`: the exported policy folder `<run>/policy` is about to be renamed into place
 
 The patches live only in this test driver; the pipeline has no test hooks.
 """
@@ -40,13 +46,15 @@ def mark(point: str) -> float:
 
 
 def install() -> None:
-    """Wrap the engine, the reward dispatcher and os.replace with `mark` calls."""
+    """Wrap the engine, the reward dispatcher, the trainer's step and os.replace with `mark` calls."""
     import asyncio
 
     from pipeline.engines.scripted import ScriptedEngine
     from pipeline.rewards.dispatch import RewardDispatcher
+    from pipeline.train.policy_gradient import PolicyGradientTrainer
 
     real_generate, real_score, real_replace = ScriptedEngine.generate, RewardDispatcher.score, os.replace
+    real_accumulate = PolicyGradientTrainer.accumulate
 
     async def generate(self, request):  # type: ignore[no-untyped-def]
         await asyncio.sleep(mark("generate"))
@@ -56,16 +64,25 @@ def install() -> None:
         await asyncio.sleep(mark("reward"))
         return await real_score(self, args, samples)
 
+    def accumulate(self, prepared, indices, backward):  # type: ignore[no-untyped-def]
+        out = real_accumulate(self, prepared, indices, backward)
+        if backward:
+            time.sleep(mark("train"))
+        return out
+
     def replace(src, dst, *a, **kw):  # type: ignore[no-untyped-def]
         d = str(dst)
         point = "checkpoint" if f"{os.sep}checkpoints{os.sep}" in d else \
-            "persist" if f"{os.sep}train_data{os.sep}" in d or f"{os.sep}samples{os.sep}" in d else None
+            "persist" if f"{os.sep}train_data{os.sep}" in d or f"{os.sep}samples{os.sep}" in d else \
+            "trainer_state" if f"{os.sep}trainer{os.sep}" in d else \
+            "export" if os.path.basename(d) == "policy" else None
         if point is not None:
             time.sleep(mark(point))
         return real_replace(src, dst, *a, **kw)
 
     ScriptedEngine.generate = generate  # type: ignore[method-assign]
     RewardDispatcher.score = score  # type: ignore[method-assign]
+    PolicyGradientTrainer.accumulate = accumulate  # type: ignore[method-assign]
     os.replace = replace  # type: ignore[assignment]
 
 

@@ -232,9 +232,10 @@ def _group_runs(run_dir: Path, num_rollout: int, n: int) -> list[int]:
 
 
 def killed_run(work: Path, base: list[str], kills: list[tuple[str, int]],
-               rng: random.Random) -> tuple[Path, int, int]:
+               rng: random.Random, timeout: float = 120) -> tuple[Path, int, int]:
     """One run dir (CLI overrides `base`) killed at each (point, nth) in turn and resumed after
     each kill (started afresh while it has no checkpoint); finished with a last resume.
+    `timeout`: seconds each process may take to reach its kill point (or to finish).
     Returns (run dir, kills done, resumes done)."""
     run_dir = work / "killed"
     marks = work / "marks.txt"
@@ -243,13 +244,13 @@ def killed_run(work: Path, base: list[str], kills: list[tuple[str, int]],
         has_ckpt = any((run_dir / "checkpoints").glob("rollout_*.json")) if run_dir.exists() else False
         extra = [f"resume={run_dir}", f"hydra.run.dir={work / f'rec{i}'}"] if has_ckpt else [f"hydra.run.dir={run_dir}"]
         resumes += has_ckpt
-        if run_and_kill(base + extra, point, nth, marks, rng):
+        if run_and_kill(base + extra, point, nth, marks, rng, timeout=timeout):
             done_kills += 1
         else:
             return run_dir, done_kills, resumes  # finished before this kill point
     has_ckpt = any((run_dir / "checkpoints").glob("rollout_*.json"))
     extra = [f"resume={run_dir}", f"hydra.run.dir={work / 'rec_final'}"] if has_ckpt else [f"hydra.run.dir={run_dir}"]
-    run_to_end(base + extra)
+    run_to_end(base + extra, timeout=max(timeout, 300))
     return run_dir, done_kills, resumes + has_ckpt
 
 

@@ -35,6 +35,15 @@ class FrozenEngine:
     pass
 
 
+class AdapterServerEngine(LoraEngine):
+    """Like the openai engine: declares weight_sync "lora" and refuses full weights."""
+
+    weight_sync = "lora"
+
+    def update_weights(self, state, version):
+        raise RuntimeError("cannot take full weights")
+
+
 def test_full_weights_reach_the_engine_with_the_version():
     base = tiny_llama(torch.float32)
     t = PolicyGradientTrainer(model=copy.deepcopy(base), **yaml_keys(lr=1e-2))
@@ -67,6 +76,20 @@ def test_lora_adapter_folder_for_engines_that_load_adapters(tmp_path):
     ids = torch.tensor([train_data()["tokens"][2]])
     with torch.no_grad():
         assert torch.allclose(loaded(input_ids=ids).logits, t.model(input_ids=ids).logits, atol=1e-6)
+    # later versions: the newest two adapter folders stay (the served one and the one before)
+    for rollout_id in (1, 2):
+        t.train(rollout_id, train_data())
+        push_weights(t, engine, str(tmp_path))
+    assert [v for _, v in engine.updates] == [1, 2, 3]
+    assert sorted(p.name for p in (tmp_path / "lora_adapters").iterdir()) == ["v2", "v3"]
+
+
+def test_an_engine_declaring_lora_sync_gets_the_adapter_not_the_full_weights(tmp_path):
+    t = PolicyGradientTrainer(model=tiny_llama(torch.float32), **yaml_keys(lr=1e-2, lora_rank=2))
+    t.train(0, train_data())
+    engine = AdapterServerEngine()
+    push_weights(t, engine, str(tmp_path))
+    assert engine.updates == [(str(tmp_path / "lora_adapters" / "v1"), 1)]
 
 
 def test_an_engine_that_cannot_follow_is_an_error_and_no_engine_is_fine():

@@ -13,7 +13,7 @@ def yaml_keys(**overrides):
     keys = OmegaConf.to_container(OmegaConf.load(YAML), resolve=False)
     keys.pop("_target_")
     keys.update(hf_checkpoint=None, cache_dir=None, advantage_estimator="grpo", loss_agg_norm_len=8,
-                rollout_temperature=1.0, num_threads=1)
+                rollout_temperature=1.0, num_threads=1, seed=0)
     keys.update(overrides)
     return keys
 
