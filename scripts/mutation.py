@@ -77,6 +77,12 @@ MODULES: dict[str, tuple[list[str], list[str] | None]] = {
     # what happens to the groups not admitted: finish, carry, restart, drop (all of it)
     "pipeline/rollout/leftover_groups.py": (["tests/rollout/test_engine_rollout.py",
                                              "tests/rollout/test_deterministic_seeds.py"], None),
+    # the trainer's loss functions (PPO-clip, CISPO, GSPO KL, KL estimators, TIS, reducers)
+    "pipeline/train/losses.py": (["tests/train/test_train_losses.py"], None),
+    # one micro-batch's loss and metrics (the order of slime's policy_loss_function)
+    "pipeline/train/objective.py": (["tests/train/test_objective.py", "tests/train/test_policy_gradient.py"], None),
+    # samples from train data, optimizer steps, micro-batches, padding, response log-probs
+    "pipeline/train/batches.py": (["tests/train/test_batches.py", "tests/train/test_policy_gradient.py"], None),
     # the allowlist part of the plugin table (moved from pipeline/config.py)
     "pipeline/plugins.py": (["tests/test_allowlist.py", "tests/test_security.py",
                              "tests/test_config.py"],
