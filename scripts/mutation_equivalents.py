@@ -59,15 +59,15 @@ EQUIVALENT: dict[str, str] = {
        "payload[:None] is the whole payload, as payload[:len(payload)]" for i in (58, 60)},
     "pipeline.data.checkpoint.x_read_checkpoint__mutmut_85": (
         "np.frombuffer with count=0 gives the same empty array of that dtype as np.zeros(0)"),
-    # pipeline/stages/rewards.py
+    # pipeline/stages/rewards.py (run on 2026-11-30 after the rename from advantages.py)
     **{f"pipeline.stages.rewards.x__normalise__mutmut_{i}": "_normalise only gets 2-D blocks, where dim 1 is "
-       "dim -1" for i in (2, 9, 33)},
-    "pipeline.stages.rewards.x_post_process_rewards__mutmut_18": (
-        "with one sample per prompt _normalise skips the std (its own n > 1 check) whatever use_std says"),
-    **{f"pipeline.stages.rewards.x_post_process_rewards__mutmut_{i}": "the whole batch as one group: a [1, L] "
-       "view and an [L] view normalise the same over the last dim" for i in (44, 45, 46, 84)},
+       "dim -1" for i in (2, 10, 34, 45)},
+    "pipeline.stages.rewards.x__normalise__mutmut_25": (
+        "a one-sample row is all-equal, so masked_fill sets it to 0 whatever the std division gave"),
+    **{f"pipeline.stages.rewards.x_post_process_rewards__mutmut_{i}": "the whole batch (or one group_index group) "
+       "as one group: a [1, L] view and an [L] view normalise the same over the last dim" for i in (41, 42, 43, 81)},
     **{f"pipeline.stages.rewards.x_post_process_rewards__mutmut_{i}": "torch.tensor of Python ints is int64 "
-       "(torch.long) by default" for i in (72, 74)},
+       "(torch.long) by default" for i in (69, 71)},
     # pipeline/stages/train_data.py
     **{f"pipeline.sinks.files.x__pad__mutmut_{i}": "torch.tensor/torch.full infer the dtype the code names "
        "from the values (ints: int64, floats: float32) whenever the values match it" for i in (10, 13, 17, 19)},
@@ -91,6 +91,19 @@ EQUIVALENT: dict[str, str] = {
         "in a zero-std group every reward equals the first"),
     "pipeline.rollout.dynamic_filters.x_check_reward_nonzero_std_with_fallback__mutmut_6": (
         "check_reward_nonzero_std takes **kwargs for slime's signature and reads none of them"),
+    # pipeline/train/losses.py
+    **{f"pipeline.train.losses.x_compute_approx_kl__mutmut_{i}": "leaving one operand in its own dtype: torch "
+       "promotes it to the other's (float32 at least) for the subtraction, exactly as .to(dtype) does (every float "
+       "converts exactly to a wider one)" for i in (12, 13)},
+    **{f"pipeline.train.losses.x_compute_approx_kl__mutmut_{i}": "low_var_kl is k3 = e^-x - 1 + x >= 0 times an "
+       "importance ratio that is an exp (> 0): the lower clamp bound is never reached" for i in (42, 47)},
+    "pipeline.train.losses.x_compute_policy_loss__mutmut_43": (
+        "at A = 0 the PPO loss and the dual-clip cap are both 0 (-0 * x), so capping it changes nothing"),
+    "pipeline.train.losses.x_sample_mean_reducer__mutmut_14": (
+        "an empty micro-batch's flat tensor is empty: its sum is 0 whatever it is multiplied by"),
+    "pipeline.train.losses.x_sample_mean_reducer__mutmut_39": (
+        "the reduced values are float32 or float64 (batches._at_least_float32, float32 advantages); torch promotes "
+        "the float32 weights to that dtype exactly, as .to(x.dtype) does"),
     # pipeline/plugins.py (the allowlist, run as pipeline/config.py before it moved: re-check the numbers)
     **{f"pipeline.plugins.x_load_object__mutmut_{i}": "the inner load_object one level up only tries; its `where` "
        "reaches nothing but its own error message, which `except Exception: pass` drops" for i in (31, 34)},

@@ -39,6 +39,18 @@ def test_group_index_singleton_group_is_zero_not_nan():
     assert out[2] == 0.0 and out[0] == pytest.approx(-out[1]) and out[0] > 0
 
 
+@pytest.mark.parametrize("mode", ["slime", "group_index"])
+def test_an_all_equal_group_is_exactly_zero_next_to_a_varied_one(mode):
+    # float32 mean of [3.1, 3.1, 3.1] is one ulp off; std normalisation would blow that up to ~0.24.
+    # Each row is judged on its own: the varied group next to it still gets its normalised values.
+    a = args(n_samples_per_prompt=3, rollout_batch_size=2, group_mode=mode)
+    _, out = post_process_rewards(a, samples([3.1, 3.1, 3.1, 1.0, 0.0, 0.0], [0, 0, 0, 1, 1, 1]))
+    assert out[:3] == [0.0, 0.0, 0.0]
+    # [1, 0, 0]: mean 1/3, unbiased std sqrt(1/3)
+    std = math.sqrt(1.0 / 3.0)
+    assert out[3:] == pytest.approx([(2 / 3) / std, (-1 / 3) / std, (-1 / 3) / std], rel=1e-5)
+
+
 def test_error_messages():
     with pytest.raises(ValueError, match="group_mode=group_index: sample 1 has group_index None"):
         post_process_rewards(args(group_mode="group_index"), samples([1.0, 0.0], [0, None]))

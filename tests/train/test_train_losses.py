@@ -38,6 +38,13 @@ def test_ppo_clip_asymmetric_bounds():
     assert clipfrac.tolist() == [0.0, 0.0, 0.0, 1.0, 0.0, 1.0]
 
 
+def test_ppo_clip_lower_bound_holds_a_falling_negative_advantage_token():
+    # ratio 0.5 with A < 0: -A r = 0.5 but the clipped term -A * 0.8 = 0.8 wins (PPO is pessimistic)
+    losses, clipfrac = compute_policy_loss(kl_of_ratios([0.5, 0.9]), t([-1.0, -1.0]), 0.2, 0.28)
+    assert losses.tolist() == pytest.approx([0.8, 0.9])
+    assert clipfrac.tolist() == [1.0, 0.0]
+
+
 def test_clip_higher_lets_a_positive_token_rise_further_than_symmetric_clip():
     kl = kl_of_ratios([1.25])
     adv = t([1.0])
@@ -57,6 +64,12 @@ def test_dual_clip_caps_negative_advantage_losses_only():
     assert dual.tolist() == pytest.approx([3.0, -1.28, 3.0])
     with pytest.raises(ValueError, match="eps_clip_c"):
         compute_policy_loss(kl_of_ratios(ratios), adv, 0.2, 0.28, eps_clip_c=1.0)
+
+
+def test_dual_clip_accepts_any_bound_above_one_and_leaves_small_positive_advantages():
+    # eps_clip_c 1.5 is valid; A = 0.5 > 0 at ratio 4 keeps its PPO loss -0.5 * 1.28 (the cap -0.75 is not applied)
+    losses, _ = compute_policy_loss(kl_of_ratios([4.0, 4.0]), t([0.5, -1.0]), 0.2, 0.28, eps_clip_c=1.5)
+    assert losses.tolist() == pytest.approx([-0.64, 1.5])
 
 
 def test_ppo_gradient_is_zero_where_clipped():
@@ -93,6 +106,12 @@ def test_gspo_kl_is_the_masked_sequence_mean_repeated():
     assert grad.tolist() == pytest.approx([-1.5, -1.5, 0.0])
 
 
+def test_gspo_kl_of_no_samples_is_empty_and_mismatched_lists_are_refused():
+    assert compute_gspo_kl([], [], []).shape == (0,)
+    with pytest.raises(ValueError):
+        compute_gspo_kl([t([-1.0]), t([-1.0])], [t([-1.0]), t([-1.0])], [t([1.0])])
+
+
 def test_gspo_ratio_through_policy_loss():
     new = [t([-1.0, -2.0])]
     old = [t([-1.2, -2.4])]
@@ -113,6 +132,12 @@ def test_kl_estimators(kind):
         "low_var_kl": [math.exp(-x) - 1 + x for x in d],
     }[kind]
     assert compute_approx_kl(lp, base, kind).tolist() == pytest.approx(expected, rel=1e-6)
+
+
+def test_kl_is_float32_at_least():
+    lp, base = t([-1.0]).to(torch.bfloat16), t([-1.5]).to(torch.bfloat16)
+    assert compute_approx_kl(lp, base, "k1").dtype == torch.float32
+    assert compute_approx_kl(t([-1.0]), base, "k1").dtype == torch.float64
 
 
 def test_low_var_kl_is_clamped_and_k3_is_not():
@@ -171,10 +196,26 @@ def test_aggregation_does_not_depend_on_the_micro_batch_split(mode):
     assert (first + rest).item() == pytest.approx(whole.item())
 
 
+def test_single_sample_batches_and_single_token_samples():
+    # one sample: the seq modes divide by 1; a one-token sample's mean is that token
+    assert batch_normalizer([t([1.0])], "seq-mean-token-mean") == 1.0
+    assert batch_normalizer([], "seq-mean-token-mean") == 1.0
+    assert sample_mean_reducer([1], [t([1.0])], "seq-mean-token-mean")(t([5.0])).item() == 5.0
+    # the constant length may be 1
+    assert sample_mean_reducer([2], [t([1.0, 1.0])], "seq-mean-token-sum-norm", 1)(t([2.0, 3.0])).item() == 5.0
+
+
+def test_empty_micro_batch_reduces_to_zero():
+    for mode in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"):
+        assert sample_mean_reducer([], [], mode, 4)(t([])).item() == 0.0
+
+
 def test_reducer_errors_name_the_problem():
     with pytest.raises(ValueError, match="loss_agg_mode"):
         sample_mean_reducer(LENGTHS, MASKS, "seq-sum")
     with pytest.raises(ValueError, match="loss_agg_norm_len"):
         sample_mean_reducer(LENGTHS, MASKS, "seq-mean-token-sum-norm")
+    with pytest.raises(ValueError, match="loss_agg_norm_len"):
+        sample_mean_reducer(LENGTHS, MASKS, "seq-mean-token-sum-norm", 0)
     with pytest.raises(ValueError, match="response_lengths"):
         sample_mean_reducer([3, 2, 2], MASKS, "token-mean")
