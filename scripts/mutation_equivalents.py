@@ -104,6 +104,10 @@ EQUIVALENT: dict[str, str] = {
     "pipeline.train.losses.x_sample_mean_reducer__mutmut_39": (
         "the reduced values are float32 or float64 (batches._at_least_float32, float32 advantages); torch promotes "
         "the float32 weights to that dtype exactly, as .to(x.dtype) does"),
+    # pipeline/train/objective.py
+    "pipeline.train.objective.x_policy_loss__mutmut_106": (
+        "with kl_loss_coef 0 the KL never joins the loss, so computing it from log-probs that are not detached "
+        "changes no value and no gradient (only which autograd graph the metric keeps alive until it is detached)"),
     # pipeline/plugins.py (the allowlist, run as pipeline/config.py before it moved: re-check the numbers)
     **{f"pipeline.plugins.x_load_object__mutmut_{i}": "the inner load_object one level up only tries; its `where` "
        "reaches nothing but its own error message, which `except Exception: pass` drops" for i in (31, 34)},

@@ -137,12 +137,12 @@ def test_kl_loss_to_the_reference_with_gradient():
 
 
 def test_unbiased_kl_weighs_by_the_ratio_to_the_old_policy():
-    # new ln2, old 0: ratio 2; k1 KL to ref 0 is ln2, weighted: 2 ln2
+    # new ln2, old ln2 / 2: ratio sqrt(2); k1 KL to ref 0 is ln2, weighted: sqrt(2) ln2
     log_probs = new_log_probs([LN2])
-    b = batch([[0.0]], old=[[0.0]], ref=[[0.0]])
+    b = batch([[0.0]], old=[[LN2 / 2]], ref=[[0.0]])
     _, metrics = policy_loss(args(use_kl_loss=True, kl_loss_coef=1.0, use_unbiased_kl=True), b, log_probs,
                              zero_entropy(log_probs), total, LossHooks())
-    assert metrics["kl_loss"].item() == pytest.approx(2 * LN2)
+    assert metrics["kl_loss"].item() == pytest.approx(math.sqrt(2.0) * LN2)
 
 
 def test_kl_loss_coef_zero_is_a_metric_only_and_a_non_finite_kl_cannot_reach_the_loss():
@@ -159,7 +159,7 @@ def test_kl_loss_coef_zero_is_a_metric_only_and_a_non_finite_kl_cannot_reach_the
 
 def test_kl_loss_needs_reference_log_probs():
     log_probs = new_log_probs([0.0])
-    with pytest.raises(ValueError, match="use_kl_loss needs the reference"):
+    with pytest.raises(ValueError, match=r"^use_kl_loss needs the reference model's log-probs$"):
         policy_loss(args(use_kl_loss=True, kl_loss_coef=0.1), batch([[1.0]], old=[[0.0]]), log_probs,
                     zero_entropy(log_probs), total, LossHooks())
 
@@ -174,7 +174,7 @@ def test_tis_weighs_the_pg_loss_by_the_clipped_old_over_rollout_ratio():
     assert metrics["tis"].item() == pytest.approx(2.0 + 4.0)
     assert metrics["tis_clipfrac"].item() == pytest.approx(1.0)
     assert metrics["tis_abs"].item() == pytest.approx(1.0 + 3.0)
-    with pytest.raises(ValueError, match="use_tis needs rollout_log_probs"):
+    with pytest.raises(ValueError, match=r"^use_tis needs rollout_log_probs in the train data \(the engine's log-probs\)$"):
         policy_loss(args(use_tis=True), batch([[1.0]], old=[[0.0]]), log_probs[:1], zero_entropy(log_probs[:1]),
                     total, LossHooks())
 
@@ -215,10 +215,11 @@ def test_custom_tis_and_pg_loss_reducer_hooks_get_slimes_arguments():
 def test_train_rollout_logprob_abs_diff_compares_the_trainers_log_probs(use_rollout_logprobs):
     # slime: the current log-probs when the old ones are the rollout's, else the old ones
     log_probs = new_log_probs([0.5, -0.5])
-    b = batch([[0.0, 0.0]], old=[[0.25, 0.0]], rollout=[[0.0, 0.0]])
+    b = batch([[0.0, 0.0]], old=[[0.25, 0.0]], rollout=[[0.1, -0.1]])
     _, metrics = policy_loss(args(use_rollout_logprobs=use_rollout_logprobs), b, log_probs,
                              zero_entropy(log_probs), total, LossHooks())
-    assert metrics["train_rollout_logprob_abs_diff"].item() == pytest.approx(1.0 if use_rollout_logprobs else 0.25)
+    # |0.5 - 0.1| + |-0.5 + 0.1| = 0.8 (current); |0.25 - 0.1| + |0 + 0.1| = 0.25 (old)
+    assert metrics["train_rollout_logprob_abs_diff"].item() == pytest.approx(0.8 if use_rollout_logprobs else 0.25)
     b = batch([[0.0, 0.0]], old=[[0.25, 0.0]])
     _, metrics = policy_loss(args(), b, log_probs, zero_entropy(log_probs), total, LossHooks())
     assert "train_rollout_logprob_abs_diff" not in metrics

@@ -1,0 +1,162 @@
+"""Train data -> samples, optimizer steps, micro-batches, padding and response log-probs
+(pipeline.train.batches), on hand-built inputs and a fake model whose logits are known."""
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from pipeline.train.batches import TrainSamples, micro_batches, optimizer_steps, pad_tokens, response_log_probs
+
+VOCAB = 4
+
+
+def train_data(**over):
+    data = dict(tokens=[[5, 6, 7], [5, 8, 9, 10]], response_lengths=[1, 2], loss_masks=[[1], [1, 0]],
+                rewards=[1, 0.5], rollout_log_probs=[[-0.5], [-1.0, -2.0]])
+    data.update(over)
+    return data
+
+
+def test_samples_from_train_data_keep_slimes_per_sample_layout():
+    s = TrainSamples.from_train_data(train_data())
+    assert [t.tolist() for t in s.tokens] == [[5, 6, 7], [5, 8, 9, 10]]
+    assert all(t.dtype == torch.long for t in s.tokens)
+    assert s.response_lengths == [1, 2]
+    assert [m.tolist() for m in s.loss_masks] == [[1.0], [1.0, 0.0]]
+    assert all(m.dtype == torch.float32 for m in s.loss_masks)
+    assert s.rewards == [1.0, 0.5] and all(isinstance(r, float) for r in s.rewards)
+    assert [r.tolist() for r in s.rollout_log_probs] == [[-0.5], [-1.0, -2.0]]
+    assert all(r.dtype == torch.float32 for r in s.rollout_log_probs)
+    assert len(s) == 2 and s.total_lengths == [3, 4] and s.num_tokens() == 7
+    assert TrainSamples.from_train_data(train_data(rollout_log_probs=None)).rollout_log_probs is None
+    data = train_data()
+    del data["rollout_log_probs"]
+    assert TrainSamples.from_train_data(data).rollout_log_probs is None
+
+
+@pytest.mark.parametrize("key", ["tokens", "response_lengths", "loss_masks", "rewards"])
+def test_missing_train_data_key_is_named(key):
+    data = train_data()
+    del data[key]
+    with pytest.raises(ValueError, match=rf"^train data has no '{key}' \(keys: "):
+        TrainSamples.from_train_data(data)
+
+
+@pytest.mark.parametrize("length", [0, 3])
+def test_response_length_needs_a_prompt_token_and_a_response_token(length):
+    with pytest.raises(ValueError, match=rf"^sample 0: response_length {length} must be in 1\.\.2 \(it has 3 tokens"):
+        TrainSamples.from_train_data(train_data(response_lengths=[length, 2], loss_masks=[[1] * length, [1, 0]]))
+    # the bounds themselves: 1 and len - 1 are fine
+    TrainSamples.from_train_data(train_data(response_lengths=[2, 1], loss_masks=[[1, 1], [1]],
+                                            rollout_log_probs=[[0.0, 0.0], [0.0]]))
+
+
+def test_mask_and_rollout_log_probs_lengths_are_checked_per_sample():
+    with pytest.raises(ValueError, match=r"^sample 1: loss_mask has 1 entries, response_length is 2$"):
+        TrainSamples.from_train_data(train_data(loss_masks=[[1], [1]]))
+    with pytest.raises(ValueError, match=r"^sample 1: rollout_log_probs has 3 entries, response_length is 2$"):
+        TrainSamples.from_train_data(train_data(rollout_log_probs=[[-0.5], [0.0, 0.0, 0.0]]))
+
+
+def test_optimizer_steps_take_global_batch_size_samples_in_order():
+    assert optimizer_steps(5, 2) == [[0, 1], [2, 3], [4]]
+    assert optimizer_steps(4, 2) == [[0, 1], [2, 3]]
+    assert optimizer_steps(3, None) == [[0, 1, 2]]
+    assert optimizer_steps(3, 0) == [[0, 1, 2]]
+    assert optimizer_steps(3, 8) == [[0, 1, 2]]
+    assert optimizer_steps(0, None) == []
+
+
+def test_micro_batches_by_count():
+    assert micro_batches([3, 4, 5, 6, 7], [1] * 8, 2, None) == [[3, 4], [5, 6], [7]]
+    assert micro_batches([3, 4], [1] * 8, 0, None) == [[3], [4]]  # a size below 1 is 1
+    assert micro_batches([3, 4, 5], [1] * 8, 3, 0) == [[3, 4, 5]]
+
+
+def test_micro_batches_by_padded_tokens():
+    lengths = [4, 2, 3, 8, 1, 1]
+    # budget 8: [4, 2] pads to 2 x 4 = 8 (fits); + 3 -> 3 x 4 = 12 (no); [3] then + 8 -> 16 (no);
+    # [8] alone; [1, 1] -> 2 x 1
+    assert micro_batches(list(range(6)), lengths, 99, 8) == [[0, 1], [2], [3], [4, 5]]
+    # a sample longer than the budget gets a micro-batch of its own
+    assert micro_batches([0, 3, 4], lengths, 99, 6) == [[0], [3], [4]]
+    # the growing longest counts: [1, 1] then 4 -> 3 x 4 = 12 > 9
+    assert micro_batches([4, 5, 0, 1], lengths, 99, 9) == [[4, 5], [0, 1]]
+    assert micro_batches([], lengths, 99, 8) == []
+
+
+def test_pad_tokens_right_pads_with_a_mask():
+    ids, mask = pad_tokens([torch.tensor([5, 6, 7]), torch.tensor([8])], pad_id=2)
+    assert ids.tolist() == [[5, 6, 7], [8, 2, 2]] and ids.dtype == torch.long
+    assert mask.tolist() == [[1, 1, 1], [1, 0, 0]] and mask.dtype == torch.long
+    ids, _ = pad_tokens([torch.tensor([1]), torch.tensor([1, 1])])
+    assert ids.tolist() == [[1, 0], [1, 1]]
+
+
+class FakeModel:
+    """Logits at a position depend on that position's token: logits[v] = (token % 3 + 1) * v / 2."""
+
+    def __init__(self, dtype=torch.float32):
+        self.calls = []
+        self.dtype = dtype
+
+    def __call__(self, input_ids, attention_mask, logits_to_keep, use_cache):
+        self.calls.append(dict(ids=input_ids.tolist(), mask=attention_mask.tolist(), keep=logits_to_keep,
+                               use_cache=use_cache))
+        scale = (input_ids % 3 + 1).to(torch.float64).unsqueeze(-1) / 2
+        logits = (scale * torch.arange(VOCAB, dtype=torch.float64)).to(self.dtype)
+        return SimpleNamespace(logits=logits[:, -logits_to_keep:])
+
+
+def log_softmax(values):
+    top = max(values)
+    log_z = top + math.log(sum(math.exp(v - top) for v in values))
+    return [v - log_z for v in values]
+
+
+def expected_log_prob(prev_token, token, temperature=1.0):
+    logits = [(prev_token % 3 + 1) * v / 2 / temperature for v in range(VOCAB)]
+    return log_softmax(logits)[token]
+
+
+def expected_entropy(prev_token, temperature=1.0):
+    lp = log_softmax([(prev_token % 3 + 1) * v / 2 / temperature for v in range(VOCAB)])
+    return -sum(math.exp(x) * x for x in lp)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.5])
+def test_response_log_probs_read_the_logit_before_each_response_token(temperature):
+    # sample 0: prompt [1, 2], response [3, 0]; sample 1: prompt [2, 1, 0], response [2]
+    tokens = [torch.tensor([1, 2, 3, 0]), torch.tensor([2, 1, 0, 2])]
+    model = FakeModel()
+    log_probs, entropy = response_log_probs(model, tokens, [2, 1], temperature, with_entropy=True)
+    assert log_probs[0].tolist() == pytest.approx([expected_log_prob(2, 3, temperature),
+                                                   expected_log_prob(3, 0, temperature)], rel=1e-5)
+    assert log_probs[1].tolist() == pytest.approx([expected_log_prob(0, 2, temperature)], rel=1e-5)
+    assert entropy[0].tolist() == pytest.approx([expected_entropy(2, temperature), expected_entropy(3, temperature)],
+                                                rel=1e-5)
+    assert entropy[1].tolist() == pytest.approx([expected_entropy(0, temperature)], rel=1e-5)
+    # only the logits from the first one any response needs (position 1) are asked for; no KV cache
+    assert model.calls == [dict(ids=[[1, 2, 3, 0], [2, 1, 0, 2]], mask=[[1, 1, 1, 1], [1, 1, 1, 1]], keep=3,
+                                use_cache=False)]
+
+
+def test_response_log_probs_of_right_padded_samples_and_without_entropy():
+    tokens = [torch.tensor([1, 2]), torch.tensor([2, 1, 0, 1, 2])]
+    model = FakeModel()
+    log_probs, entropy = response_log_probs(model, tokens, [1, 3], 1.0, with_entropy=False)
+    assert entropy is None
+    assert log_probs[0].tolist() == pytest.approx([expected_log_prob(1, 2)], rel=1e-5)
+    assert log_probs[1].tolist() == pytest.approx([expected_log_prob(1, 0), expected_log_prob(0, 1),
+                                                   expected_log_prob(1, 2)], rel=1e-5)
+    assert model.calls[0]["mask"] == [[1, 1, 0, 0, 0], [1, 1, 1, 1, 1]] and model.calls[0]["keep"] == 5
+
+
+def test_response_log_probs_are_float32_at_least():
+    tokens = [torch.tensor([1, 2, 3])]
+    (lp,), _ = response_log_probs(FakeModel(torch.bfloat16), tokens, [1], 1.0, with_entropy=False)
+    assert lp.dtype == torch.float32
+    (lp,), _ = response_log_probs(FakeModel(torch.float64), tokens, [1], 1.0, with_entropy=False)
+    assert lp.dtype == torch.float64
