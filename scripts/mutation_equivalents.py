@@ -108,6 +108,15 @@ EQUIVALENT: dict[str, str] = {
     "pipeline.train.objective.x_policy_loss__mutmut_106": (
         "with kl_loss_coef 0 the KL never joins the loss, so computing it from log-probs that are not detached "
         "changes no value and no gradient (only which autograd graph the metric keeps alive until it is detached)"),
+    # pipeline/train/batches.py
+    "pipeline.train.batches.x_micro_batches__mutmut_20": (
+        "the first sample of a step always opens a micro-batch (current is empty) and max(initial, its length) is "
+        "its length for any initial value <= 2 (a sample has a prompt and a response token)"),
+    **{f"pipeline.train.batches.x_pad_tokens__mutmut_{i}": "torch.full with an int fill value is int64 (torch.long) "
+       "already" for i in (9, 12)},
+    **{f"pipeline.train.batches.x_response_log_probs__mutmut_{i}": "the logits of one sample are [n, vocab] and its "
+       "response ids [n]: dim 1 is dim -1 there (and unsqueeze(1) of a 1-D tensor is unsqueeze(-1))"
+       for i in (66, 74, 78, 80, 87)},
     # pipeline/plugins.py (the allowlist, run as pipeline/config.py before it moved: re-check the numbers)
     **{f"pipeline.plugins.x_load_object__mutmut_{i}": "the inner load_object one level up only tries; its `where` "
        "reaches nothing but its own error message, which `except Exception: pass` drops" for i in (31, 34)},

@@ -4,6 +4,7 @@
 import math
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -36,6 +37,22 @@ def test_samples_from_train_data_keep_slimes_per_sample_layout():
     assert TrainSamples.from_train_data(data).rollout_log_probs is None
 
 
+def test_numpy_train_data_gives_long_ids_and_float32_log_probs():
+    s = TrainSamples.from_train_data(train_data(
+        tokens=[np.array([5, 6, 7], dtype=np.int32), np.array([5, 8, 9, 10], dtype=np.int32)],
+        rollout_log_probs=[np.array([-0.5]), np.array([-1.0, -2.0])]))
+    assert all(t.dtype == torch.long for t in s.tokens)
+    assert all(r.dtype == torch.float32 for r in s.rollout_log_probs)
+
+
+@pytest.mark.parametrize("key", ["response_lengths", "loss_masks", "rollout_log_probs"])
+def test_a_per_sample_list_shorter_than_the_tokens_is_refused(key):
+    data = train_data() if key == "rollout_log_probs" else train_data(rollout_log_probs=None)
+    data[key] = data[key][:1]
+    with pytest.raises(ValueError):
+        TrainSamples.from_train_data(data)
+
+
 @pytest.mark.parametrize("key", ["tokens", "response_lengths", "loss_masks", "rewards"])
 def test_missing_train_data_key_is_named(key):
     data = train_data()
@@ -63,6 +80,7 @@ def test_mask_and_rollout_log_probs_lengths_are_checked_per_sample():
 def test_optimizer_steps_take_global_batch_size_samples_in_order():
     assert optimizer_steps(5, 2) == [[0, 1], [2, 3], [4]]
     assert optimizer_steps(4, 2) == [[0, 1], [2, 3]]
+    assert optimizer_steps(3, 1) == [[0], [1], [2]]
     assert optimizer_steps(3, None) == [[0, 1, 2]]
     assert optimizer_steps(3, 0) == [[0, 1, 2]]
     assert optimizer_steps(3, 8) == [[0, 1, 2]]
@@ -105,6 +123,7 @@ class FakeModel:
     def __call__(self, input_ids, attention_mask, logits_to_keep, use_cache):
         self.calls.append(dict(ids=input_ids.tolist(), mask=attention_mask.tolist(), keep=logits_to_keep,
                                use_cache=use_cache))
+        self.autocast = (torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"))
         scale = (input_ids % 3 + 1).to(torch.float64).unsqueeze(-1) / 2
         logits = (scale * torch.arange(VOCAB, dtype=torch.float64)).to(self.dtype)
         return SimpleNamespace(logits=logits[:, -logits_to_keep:])
@@ -126,7 +145,7 @@ def expected_entropy(prev_token, temperature=1.0):
     return -sum(math.exp(x) * x for x in lp)
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.5])
+@pytest.mark.parametrize("temperature", [1.0, 0.5, 2.0])
 def test_response_log_probs_read_the_logit_before_each_response_token(temperature):
     # sample 0: prompt [1, 2], response [3, 0]; sample 1: prompt [2, 1, 0], response [2]
     tokens = [torch.tensor([1, 2, 3, 0]), torch.tensor([2, 1, 0, 2])]
@@ -160,3 +179,12 @@ def test_response_log_probs_are_float32_at_least():
     assert lp.dtype == torch.float32
     (lp,), _ = response_log_probs(FakeModel(torch.float64), tokens, [1], 1.0, with_entropy=False)
     assert lp.dtype == torch.float64
+
+
+@pytest.mark.parametrize("dtype", [None, torch.float16, torch.bfloat16])
+def test_the_forward_runs_under_autocast_only_when_asked_and_in_the_dtype_asked(dtype):
+    model = FakeModel()
+    response_log_probs(model, [torch.tensor([1, 2, 3])], [1], 1.0, with_entropy=False, autocast_dtype=dtype)
+    assert model.autocast[0] is (dtype is not None)
+    if dtype is not None:
+        assert model.autocast[1] == dtype
