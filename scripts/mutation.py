@@ -71,7 +71,9 @@ MODULES: dict[str, tuple[list[str], list[str] | None]] = {
     # the over-sampling loop, the keep/drop decision and the per-sample seeds (not construction, the
     # group-mode reward, the metrics or staleness)
     "pipeline/rollout/train_run.py": (["tests/rollout/test_engine_rollout.py",
-                                       "tests/rollout/test_deterministic_seeds.py"],
+                                       "tests/rollout/test_deterministic_seeds.py",
+                                       "tests/rollout/test_plugins_and_adaptive.py",
+                                       "tests/rollout/test_train_run_items.py"],
                                       [f"pipeline.rollout.train_run.xǁTrainRunǁ{fn}__mutmut_*" for fn in (
                                           "_full", "_top_up", "_decide_ready", "_decide", "_run_item")]),
     # what happens to the groups not admitted: finish, carry, restart, drop (all of it)

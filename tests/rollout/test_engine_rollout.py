@@ -291,14 +291,15 @@ class AbortsFirstEngine(ScriptedEngine):
 
 
 @pytest.mark.parametrize("case", ["plain", "buffered", "buffered_finish", "deterministic", "partial",
-                                  "engine_abort"])
+                                  "engine_abort", "filtered"])
 def test_every_group_and_token_is_kept_buffered_or_counted_wasted(case, make_rollout, make_source):
     """Whatever the timing: each submitted group is kept, carried to the buffer or dropped, and
     each generated token is in the batch, in the buffer or counted in rollout/wasted_tokens."""
     args = make_args(rollout_batch_size=2, n_samples_per_prompt=2, over_sampling_batch_size=8,
                      partial_rollout=case == "partial")
     engine = (AbortsFirstEngine if case == "engine_abort" else ScriptedEngine)(token_delay=0.001, max_filler=10)
-    rollout = make_rollout(engine, deterministic=case == "deterministic", finish_surplus=case == "buffered_finish")
+    rollout = make_rollout(engine, deterministic=case == "deterministic", finish_surplus=case == "buffered_finish",
+                           dynamic_filter=drop_odd if case == "filtered" else None)
     src = make_source(n=2, buffered=case != "plain")
     out = rollout(args, 0, src)
     m = out.metrics
@@ -328,6 +329,8 @@ def test_every_group_and_token_is_kept_buffered_or_counted_wasted(case, make_rol
     if case == "partial":  # unfinished groups keep their tokens, marked with the rollout they started in
         assert m["rollout/aborted_groups_restarted"] == m["rollout/aborted_groups_dropped"] == 0
         assert all(s.metadata["start_rollout_id"] == 0 for g in buffer for s in g if s.response_length)
+    if case == "filtered":  # the filter's drops are decided groups whose tokens are wasted
+        assert m["rollout/dynamic_filter/drop_odd"] >= 1 and m["rollout/wasted_tokens"] > 0
     if case == "engine_abort":  # the group the engine aborted before the batch filled: dropped, never kept
         assert m["rollout/groups_dropped"] >= 1 and all(g[0].index != 0 for g in out.samples)
         assert m["rollout/aborted_groups_dropped"] >= 1 and not any(s.index == 0 for g in buffer for s in g)
