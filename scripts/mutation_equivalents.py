@@ -82,6 +82,16 @@ EQUIVALENT: dict[str, str] = {
         "the flag is only read as `if getattr(...)`: a missing one is falsy as None or as False"),
     "pipeline.rollout.sample_generate.x_sample_seed__mutmut_8": (
         "a fifth little-endian byte only sets bits 32-39, which the 31-bit mask drops"),
+    # pipeline/rollout/train_run.py
+    "pipeline.rollout.train_run.xǁTrainRunǁ_top_up__mutmut_16": (
+        "a tolerance boundary: fixed mode's shortfall is an integer and adaptive mode's is target - kept - p * "
+        "undecided with p a smoothed pass rate; no reachable count gives exactly 1e-6"),
+    "pipeline.rollout.train_run.xǁTrainRunǁ_top_up__mutmut_62": (
+        "a finished sample has its tokens, and encode_prompts only encodes samples without tokens or response; a "
+        "fetched group holds Samples (fan-out lists never go back to the buffer)"),
+    "pipeline.rollout.train_run.xǁTrainRunǁ_run_item__mutmut_57": (
+        "with no hooks configured SampleHooks.apply returns each sample as it is (a list as an equal new list), so "
+        "calling it changes nothing"),
     # pipeline/atomic.py
     **{f"pipeline.atomic.x_atomic_write_bytes__mutmut_{i}": "after a failed write the temp file exists (mkstemp made "
        "it; only a concurrent cleaner could remove it first), so missing_ok is never needed" for i in (26, 28)},

@@ -40,6 +40,11 @@ def drop_odd_with_fallback(args: Any, samples: list[Sample], **kw: Any) -> Dynam
     return out
 
 
+def keep_every_fourth(args: Any, samples: list[Sample], **kw: Any) -> DynamicFilterOutput:
+    keep = samples[0].group_index % 4 == 0
+    return DynamicFilterOutput(keep=keep, reason=None if keep else "skip")
+
+
 def group_indices(out: RolloutFnTrainOutput) -> list[int]:
     return [g[0].group_index for g in out.samples]
 
@@ -298,13 +303,15 @@ def test_every_group_and_token_is_kept_buffered_or_counted_wasted(case, make_rol
     args = make_args(rollout_batch_size=2, n_samples_per_prompt=2, over_sampling_batch_size=8,
                      partial_rollout=case == "partial")
     engine = (AbortsFirstEngine if case == "engine_abort" else ScriptedEngine)(token_delay=0.001, max_filler=10)
-    rollout = make_rollout(engine, deterministic=case == "deterministic", finish_surplus=case == "buffered_finish",
-                           dynamic_filter=drop_odd if case == "filtered" else None)
+    rollout = make_rollout(engine, deterministic=case in ("deterministic", "filtered"),
+                           finish_surplus=case == "buffered_finish",
+                           dynamic_filter=keep_every_fourth if case == "filtered" else None)
     src = make_source(n=2, buffered=case != "plain")
     out = rollout(args, 0, src)
     m = out.metrics
     buffer = getattr(src, "buffer", [])
-    assert m["rollout/groups_submitted"] == len(out.samples) + sum(m[f"rollout/{k}"] for k in LEFTOVER_KEYS)
+    filtered = m.get("rollout/dynamic_filter/drop_skip", 0)
+    assert m["rollout/groups_submitted"] == len(out.samples) + sum(m[f"rollout/{k}"] for k in LEFTOVER_KEYS) + filtered
     assert len(buffer) == m["rollout/groups_to_buffer"] == (
         m["rollout/surplus_groups_carried"] + m["rollout/aborted_groups_to_buffer"]
         + m["rollout/aborted_groups_restarted"])
@@ -329,8 +336,8 @@ def test_every_group_and_token_is_kept_buffered_or_counted_wasted(case, make_rol
     if case == "partial":  # unfinished groups keep their tokens, marked with the rollout they started in
         assert m["rollout/aborted_groups_restarted"] == m["rollout/aborted_groups_dropped"] == 0
         assert all(s.metadata["start_rollout_id"] == 0 for g in buffer for s in g if s.response_length)
-    if case == "filtered":  # the filter's drops are decided groups whose tokens are wasted
-        assert m["rollout/dynamic_filter/drop_odd"] >= 1 and m["rollout/wasted_tokens"] > 0
+    if case == "filtered":  # decided in order: g1, g2, g3 dropped (their tokens wasted), g0 and g4 kept
+        assert filtered == 3 and group_indices(out) == [0, 4]
     if case == "engine_abort":  # the group the engine aborted before the batch filled: dropped, never kept
         assert m["rollout/groups_dropped"] >= 1 and all(g[0].index != 0 for g in out.samples)
         assert m["rollout/aborted_groups_dropped"] >= 1 and not any(s.index == 0 for g in buffer for s in g)
