@@ -78,8 +78,10 @@ EQUIVALENT: dict[str, str] = {
         "a fifth little-endian byte only sets bits 32-39, which the 31-bit mask drops"),
     "pipeline.rollout.sample_generate.x_default_generate__mutmut_1": (
         "default_generate takes `evaluation` for slime's generate signature and reads none of it"),
-    "pipeline.rollout.sample_generate.x_default_generate__mutmut_31": (
-        "the flag is only read as `if getattr(...)`: a missing one is falsy as None or as False"),
+    **{f"pipeline.rollout.sample_generate.x_default_generate__mutmut_{i}": "append_response_tokens reads args only "
+       "for slime's sglang_speculative_algorithm flag (fold speculative counters) and routed-expert rows; "
+       "default_generate's meta has neither counters nor rows, so with or without args it adds zeros and no rows"
+       for i in (108, 113)},
     "pipeline.rollout.sample_generate.x_sample_seed__mutmut_8": (
         "a fifth little-endian byte only sets bits 32-39, which the 31-bit mask drops"),
     # pipeline/rollout/train_run.py

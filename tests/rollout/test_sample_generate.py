@@ -116,3 +116,87 @@ def test_a_continued_sample_gets_a_seed_from_its_own_tokens_and_masks_them_when_
     assert sample.loss_mask == [0, 1, 1] and sample.response_length == 3
     sample, request = _generate(partial(), seed=None)  # no seed: the engine picks
     assert request.sampling.seed is None and sample.loss_mask == [1, 1, 1]  # unmasked when not asked
+
+
+class AnsweringEngine:
+    """Answers every request with three tokens, the given log-probs and weight versions."""
+
+    def __init__(self, log_probs=None, versions=None, **attrs: Any) -> None:
+        self.log_probs, self.versions, self.requests = log_probs, versions, []
+        self.__dict__.update(attrs)
+
+    async def generate(self, request):
+        self.requests.append(request)
+        return GenerationResult(request.request_id, [9, 9, 9], "xyz", "stop", self.log_probs, self.versions)
+
+
+def _answer(engine: AnsweringEngine, sample: Sample, args: Any = None, ctx: GenContext | None = None,
+            tokenizer: Any = None) -> Sample:
+    ctx = ctx or GenContext(engine=engine, tokenizer=tokenizer or ByteTokenizer(), rollout_id=0)
+    args = args or SimpleNamespace(mask_offpolicy_in_partial_rollout=False)
+    asyncio.run(default_generate(ctx, args, sample, dict(PARAMS)))
+    return sample
+
+
+def test_weight_versions_come_from_the_engines_answer_or_else_the_engine():
+    # one version per token from the answer (the last one is the call's)
+    assert _answer(AnsweringEngine(versions=[4, 5, 6]), Sample(tokens=[1, 2])).weight_versions == ["4", "5", "6"]
+    sample = _answer(AnsweringEngine(versions=[4, 4, 6]), Sample(tokens=[1, 2]))
+    assert sample.weight_versions == ["4", "6"] and sample.metadata["weight_version_runs"] == [[4, 2], [6, 1]]
+    # no versions in the answer: the version the engine serves, 0 for one that cannot update its weights
+    assert _answer(AnsweringEngine(weight_version=7), Sample(tokens=[1, 2])).weight_versions == ["7"]
+    assert _answer(AnsweringEngine(), Sample(tokens=[1, 2])).weight_versions == ["0"]
+
+
+def test_the_session_id_reaches_the_engine():
+    engine = AnsweringEngine()
+    _answer(engine, Sample(tokens=[1, 2], session_id="conv-3"))
+    assert engine.requests[0].session_id == "conv-3"
+
+
+def test_a_continued_sample_keeps_its_log_probs_consistent():
+    # earlier tokens had no log-probs: the new ones are dropped too (no error)
+    sample = _answer(AnsweringEngine(log_probs=[-0.1, -0.2, -0.3]),
+                     Sample(tokens=[1, 2, 7], response_length=1, status=Sample.Status.ABORTED))
+    assert sample.response_length == 4 and sample.rollout_log_probs is None
+    # earlier tokens had them: the new ones are appended
+    sample = _answer(AnsweringEngine(log_probs=[-0.1, -0.2, -0.3]),
+                     Sample(tokens=[1, 2, 7], response_length=1, rollout_log_probs=[-0.5],
+                            status=Sample.Status.ABORTED))
+    assert sample.rollout_log_probs == [-0.5, -0.1, -0.2, -0.3]
+
+
+class DecodeRecorder(ByteTokenizer):
+    def __init__(self) -> None:
+        super().__init__()
+        self.decodes: list[dict] = []
+
+    def decode(self, ids, skip_special_tokens=True, **kw):
+        self.decodes.append(dict(ids=list(ids), skip_special_tokens=skip_special_tokens))
+        return super().decode(ids, skip_special_tokens=skip_special_tokens, **kw)
+
+
+def test_a_continued_response_is_decoded_whole_and_a_fresh_one_is_the_engines_text():
+    tok = DecodeRecorder()
+    fresh = _answer(AnsweringEngine(), Sample(tokens=[1, 2]), tokenizer=tok)
+    assert fresh.response == "xyz" and tok.decodes == []
+    continued = _answer(AnsweringEngine(), Sample(tokens=[1, 2, 65], response="A", response_length=1,
+                                                  status=Sample.Status.ABORTED), tokenizer=tok)
+    # the whole response (earlier token + new ones) decoded, special tokens skipped as the engine does
+    assert tok.decodes == [dict(ids=[65, 9, 9, 9], skip_special_tokens=True)]
+    assert continued.response == ByteTokenizer().decode([65, 9, 9, 9])
+    # without a tokenizer the texts are joined
+    ctx = GenContext(engine=AnsweringEngine(), tokenizer=None, rollout_id=0)
+    joined = _answer(ctx.engine, Sample(tokens=[1, 2, 65], response="A", response_length=1,
+                                        status=Sample.Status.ABORTED), ctx=ctx)
+    assert joined.response == "Axyz"
+
+
+def test_masked_off_policy_tokens_are_counted_over_the_rollout():
+    # the weights change during each request: its first token (version 0) is older than the newest (1)
+    ctx = GenContext(engine=AnsweringEngine(versions=[0, 1, 1]), tokenizer=ByteTokenizer(), rollout_id=0)
+    args = SimpleNamespace(mask_offpolicy_in_partial_rollout=True)
+    for _ in range(2):
+        sample = _answer(ctx.engine, Sample(tokens=[1, 2]), args=args, ctx=ctx)
+        assert sample.loss_mask == [0, 1, 1]
+    assert ctx.offpolicy_tokens_masked == 2
