@@ -97,6 +97,10 @@ EQUIVALENT: dict[str, str] = {
     # pipeline/atomic.py
     **{f"pipeline.atomic.x_atomic_write_bytes__mutmut_{i}": "after a failed write the temp file exists (mkstemp made "
        "it; only a concurrent cleaner could remove it first), so missing_ok is never needed" for i in (26, 28)},
+    "pipeline.atomic.x__umask__mutmut_21": (
+        "the temporary umask is set back on the next line and its value is never used: any value reads the old mask"),
+    **{f"pipeline.atomic.x_make_temp__mutmut_{i}": "the fchmod failed right after mkstemp made the file, so it exists "
+       "and missing_ok is never needed" for i in (15, 17)},
     "pipeline.atomic.x_atomic_write_text__mutmut_7": "codec names are case-insensitive: 'UTF-8' is 'utf-8'",
     # pipeline/rollout/dynamic_filters.py
     "pipeline.rollout.dynamic_filters.x_check_reward_nonzero_std__mutmut_26": (

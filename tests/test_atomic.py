@@ -102,3 +102,53 @@ def test_stale_temp_dirs_of_a_killed_writer_are_removed(tmp_path):
     assert sorted(removed) == sorted(stale) and not any(p.exists() for p in stale)
     assert (tmp_path / "rollout_1").is_dir() and other.is_dir() and (tmp_path / ".rollout_4.file").is_file()
     assert atomic.remove_stale_temp_dirs(tmp_path / "missing", "x") == []
+
+@pytest.fixture
+def umask_022():
+    old = os.umask(0o022)
+    yield
+    os.umask(old)
+
+
+def test_files_get_the_mode_a_plain_open_gives(tmp_path, umask_022):
+    atomic_write_bytes(tmp_path / "a.bin", b"x")
+    with open(tmp_path / "plain.bin", "wb") as fh:
+        fh.write(b"x")
+    assert (tmp_path / "a.bin").stat().st_mode & 0o777 == 0o644 == (tmp_path / "plain.bin").stat().st_mode & 0o777
+    assert atomic.file_mode() == 0o644 and atomic.file_mode(0o777) == 0o755
+
+
+def test_the_umask_is_read_without_being_changed(umask_022, monkeypatch):
+    def no_umask(mask):
+        raise AssertionError("the umask was set")
+
+    monkeypatch.setattr(atomic.os, "umask", no_umask)
+    assert atomic._umask() == 0o022
+
+
+def test_without_proc_the_umask_is_set_and_put_back(umask_022, monkeypatch):
+    def no_proc(*a, **kw):
+        raise OSError("no /proc")
+
+    monkeypatch.setattr(atomic, "open", no_proc, raising=False)
+    assert atomic._umask() == 0o022
+    monkeypatch.undo()
+    assert os.umask(0o022) == 0o022  # put back as it was
+
+
+def test_make_temp_names_and_cleanup(tmp_path, monkeypatch):
+    fd, tmp = atomic.make_temp(tmp_path)
+    os.close(fd)
+    assert len(os.path.basename(tmp)) == 8  # mkstemp's random part only: no prefix or suffix of its own
+    fd, tmp = atomic.make_temp(tmp_path, prefix=".a.", suffix=".part")
+    os.close(fd)
+    assert os.path.basename(tmp).startswith(".a.") and tmp.endswith(".part")
+
+    def refuse(fd, mode):
+        raise PermissionError("fchmod refused")
+
+    monkeypatch.setattr(atomic.os, "fchmod", refuse)
+    before = set(os.listdir(tmp_path))
+    with pytest.raises(PermissionError, match="fchmod refused"):
+        atomic.make_temp(tmp_path)
+    assert set(os.listdir(tmp_path)) == before  # the temp file is gone again
