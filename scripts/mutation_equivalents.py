@@ -103,8 +103,6 @@ EQUIVALENT: dict[str, str] = {
        "and missing_ok is never needed" for i in (15, 17)},
     "pipeline.atomic.x_atomic_write_text__mutmut_7": "codec names are case-insensitive: 'UTF-8' is 'utf-8'",
     # pipeline/rollout/dynamic_filters.py
-    "pipeline.rollout.dynamic_filters.x_check_reward_nonzero_std__mutmut_26": (
-        "in a zero-std group every reward equals the first"),
     "pipeline.rollout.dynamic_filters.x_check_reward_nonzero_std_with_fallback__mutmut_6": (
         "check_reward_nonzero_std takes **kwargs for slime's signature and reads none of them"),
     # pipeline/train/losses.py

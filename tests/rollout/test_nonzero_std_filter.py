@@ -26,6 +26,8 @@ def group(*rewards):
     ((0.75, 0.75), False, "zero_std_0.8"),  # the reward rounded to one place
     ((-2.0, -2.0), False, "zero_std_-2.0"),
     ((1.0,), True, None),  # one sample: std undefined, kept
+    # equal in float32 (dropped), but the reason names the first reward as slime does: 0.0, not 0.1
+    ((0.04999999999, 0.05), False, "zero_std_0.0"),
 ])
 def test_nonzero_std_keeps_groups_whose_rewards_differ(rewards, keep, reason):
     out = check_reward_nonzero_std(ARGS, group(*rewards))
