@@ -24,6 +24,12 @@ async def tagged_generate(args: Any, sample: Any, sampling_params: dict, evaluat
     return await generate(args, sample, sampling_params)
 
 
+async def new_sample_generate(args: Any, sample: Any, sampling_params: dict) -> Any:
+    """Generates into a copy and returns the copy (the given sample stays as it was)."""
+    copy = dataclasses.replace(sample, tokens=list(sample.tokens), metadata=dict(sample.metadata))
+    return await generate(args, copy, sampling_params)
+
+
 async def bad_generate(args: Any, sample: Any, sampling_params: dict) -> Any:
     """Returns something that is not a Sample."""
     return 42

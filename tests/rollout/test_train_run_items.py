@@ -67,8 +67,8 @@ def test_a_hook_replacing_a_sample_replaces_it_in_the_batch(make_rollout, make_s
     assert all(s.metadata == {"replaced": True} and s.reward is not None for g in out.samples for s in g)
 
 
-def run_for(make_rollout, make_source, **rollout_kw) -> TrainRun:
-    rollout = make_rollout(**rollout_kw)
+def run_for(make_rollout, make_source, engine=None, **rollout_kw) -> TrainRun:
+    rollout = make_rollout(engine, **rollout_kw)
     return TrainRun(rollout, make_args(rollout_batch_size=1, n_samples_per_prompt=1), 7, make_source(buffered=False))
 
 
@@ -252,3 +252,48 @@ def test_groups_the_engine_aborts_before_the_batch_fills_are_dropped_or_continue
     assert {g[0].index for g in out.samples} == {4, 6}
     if partial:  # both go back to the buffer to be continued (deterministic: from their prompts)
         assert {0, 2} <= {g[0].index for g in src.buffer}
+
+
+def test_fan_out_of_a_continued_sample_counts_its_siblings_tokens_less_the_earlier_ones(make_rollout, make_source):
+    run = run_for(make_rollout, make_source, custom_generate_path="rollout_plugins.fanout_generate")
+    sample = fresh(make_source)
+    sample.tokens = run.ctx.tokenizer.encode(sample.prompt) + [65, 66]
+    sample.response, sample.response_length, sample.status = "AB", 2, Sample.Status.ABORTED
+    flight = Flight(0, [sample], tokens=5)
+    out = run_item(run, flight, 0, sample)
+    # both siblings hold the 2 earlier tokens; only the sample's 2 are subtracted (once: they were there before)
+    assert flight.tokens == 5 + sum(s.response_length for s in out) - 2
+
+
+class AbortDuringRequestEngine(ScriptedEngine):
+    """Answers, but the batch fills (the context is marked aborted) while the request is in flight."""
+
+    def __init__(self, run_ref: list, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.run_ref = run_ref
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        result = await super().generate(request)
+        self.run_ref[0].ctx.aborted = True
+        return GenerationResult(request.request_id, result.output_ids[:2], result.text[:2], "abort", None)
+
+
+def test_a_sample_the_abort_reached_mid_request_still_gets_its_hooks(make_rollout, make_source):
+    hook, ref = HookRecorder(), []
+    run = run_for(make_rollout, make_source, engine=AbortDuringRequestEngine(ref),
+                  sample_hooks=SampleHooks([("tests.hook", hook)]))
+    ref.append(run)
+    sample = fresh(make_source)
+    run_item(run, Flight(0, [sample]), 0, sample)
+    assert run.ctx.aborted and sample.response_length == 2
+    assert [c["index"] for c in hook.calls] == [sample.index]
+
+
+def test_a_custom_generate_that_returns_a_new_sample_gets_the_hooks(make_rollout, make_source):
+    hook = HookRecorder()
+    run = run_for(make_rollout, make_source, custom_generate_path="rollout_plugins.new_sample_generate",
+                  sample_hooks=SampleHooks([("tests.hook", hook)]))
+    sample = fresh(make_source)
+    out = run_item(run, Flight(0, [sample]), 0, sample)
+    assert out is not sample and sample.response_length == 0
+    assert [c["sample"] for c in hook.calls] == [out]
