@@ -143,8 +143,10 @@ def test_abort_partial_rollout_to_buffer_and_continuation(make_rollout, make_sou
         assert s.metadata["start_rollout_id"] == 0 and s.reward is not None
         req = next(r for r in engine.requests if r.input_ids == tokens)
         assert req.sampling.max_new_tokens == args1.rollout_max_response_len - rlen
-        # the scripted engine continues its seeded script coherently
-        assert s.response.count("\\boxed{") == 1 or s.status == Sample.Status.TRUNCATED
+        # the continuation ends with the script's answer (unseeded, it is a fresh script: a partial
+        # aborted after its answer but before EOS holds two answers then)
+        assert s.response.count("\\boxed{") == 1 + text.count("\\boxed{") or s.status == Sample.Status.TRUNCATED
+        assert s.response.endswith("}.") or s.status == Sample.Status.TRUNCATED
 
 
 def test_surplus_is_carried_reused_and_stale_regenerated(make_rollout, make_source):
