@@ -10,8 +10,10 @@ from types import SimpleNamespace
 from typing import Any
 
 import logging
+from pathlib import Path
 
 import pytest
+import yaml
 
 from pipeline.data.buffer_filters import OldestFirst, group_mean_reward, oldest_first, pop_first, reward_topk
 from pipeline.sample import Sample
@@ -187,3 +189,9 @@ def test_oldest_first_state_round_trip_and_bad_bound():
         with pytest.raises(ValueError, match="max_staleness"):
             OldestFirst(max_staleness=bad)
     assert OldestFirst(max_staleness=0).max_staleness == 0
+
+
+def test_oldest_first_built_without_arguments_has_the_yaml_bound():
+    # slime's buffer_filter_path builds the class without arguments: it must behave as filter=oldest_first
+    conf = yaml.safe_load((Path(__file__).resolve().parents[2] / "conf/filter/oldest_first.yaml").read_text())
+    assert OldestFirst().max_staleness == conf["max_staleness"] == 2
