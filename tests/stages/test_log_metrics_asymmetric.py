@@ -137,3 +137,19 @@ def test_log_stage_passes_args_to_the_hook_and_the_default_metrics():
     assert seen == [args]
     assert ctx.metrics["rollout/raw_reward"] == 0.5
     assert "rollout/buffer_size" not in ctx.metrics  # a data source without get_buffer_length
+
+
+class PluginSample:
+    """A plugin's own sample class: a plain string status (no enum, no coercion)."""
+
+    def __init__(self, index: int, status: str) -> None:
+        self.index, self.group_index, self.status, self.reward, self.response_length = index, None, status, 0.0, 1
+
+    def get_reward_value(self, args):
+        return self.reward
+
+
+def test_truncated_ratio_reads_a_plugin_samples_plain_string_status():
+    s = [PluginSample(0, "truncated"), PluginSample(1, "completed"), PluginSample(2, "truncated"),
+         PluginSample(3, "aborted")]
+    assert rollout_metrics(ARGS, s, rollout_time=1.0)["rollout/truncated_ratio"] == pytest.approx(2 / 4)
