@@ -68,8 +68,8 @@ MODULES: dict[str, tuple[list[str], list[str] | None]] = {
                                                 "is_finished", "sampling_params_from_args", "to_engine_params",
                                                 "sample_seed", "continuation_seed", "reset_sample",
                                                 "default_generate")]),
-    # the over-sampling loop, the keep/drop decision and the per-sample seeds (not construction, the
-    # group-mode reward, the metrics or staleness)
+    # the over-sampling loop, the keep/drop decision, the per-sample seeds and each item's hooks, custom
+    # generate, reward and token count (not construction, the group-mode reward, the metrics or staleness)
     "pipeline/rollout/train_run.py": (["tests/rollout/test_engine_rollout.py",
                                        "tests/rollout/test_deterministic_seeds.py",
                                        "tests/rollout/test_plugins_and_adaptive.py",
