@@ -94,7 +94,7 @@ def test_a_custom_generate_keeps_the_samples_original_for_a_restart(make_rollout
     assert original is not sample and original.prompt == prompt and original.response_length == 0
 
 
-def test_fan_out_and_continued_samples_add_only_the_tokens_generated_now(make_rollout, make_source):
+def test_an_item_adds_its_output_response_tokens_less_those_it_had_before(make_rollout, make_source):
     run = run_for(make_rollout, make_source, custom_generate_path="rollout_plugins.fanout_generate")
     sample = fresh(make_source)
     flight = Flight(0, [sample], tokens=5)
