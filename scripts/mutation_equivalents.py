@@ -140,6 +140,9 @@ EQUIVALENT: dict[str, str] = {
     **{f"pipeline.data.sources.x__copies__mutmut_{i}": "a JSON copy that fails or changes the value falls back to "
        "copy.deepcopy, which gives equal, independent copies of any value: the JSON round trip is only the faster "
        "way (only the identity of immutable leaves differs)" for i in (23, 24, 25, 26, 27, 34)},
+    "pipeline.data.sources.x_prompt_groups__mutmut_6": (
+        "both branches build the same samples (test_fast_and_plain_construction_give_the_same_samples pins it); the "
+        "template one is only faster"),
     "pipeline.data.sources.x__copies__mutmut_3": (
         "str and NoneType are in _IMMUTABLE_TYPES: the first two tests are shortcuts of the third"),
     "pipeline.data.sources.xǁPlainDataSourceǁ_groups__mutmut_5": (

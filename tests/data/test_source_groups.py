@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pipeline.data import sources as sources_mod
-from pipeline.data.sources import BufferedDataSource, PlainDataSource, _copies
+from pipeline.data.sources import BufferedDataSource, PlainDataSource, _copies, prompt_groups
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -76,3 +77,13 @@ def test_copies_are_equal_independent_and_the_first_is_the_value(value):
             out[1]["deep"]["x"].append(2)
             assert value["deep"]["x"] == [1] and out[2]["deep"]["x"] == [1]
     assert _copies(value, 1) == [value]
+
+
+def test_prompt_groups_number_from_zero_by_default(tmp_path):
+    # eval datasets build their groups this way: group_index and index count from 0, as in slime
+    path = tmp_path / "d.jsonl"
+    path.write_text("\n".join(ROWS) + "\n")
+    src = PlainDataSource(prompt_data=str(path), n_samples_per_prompt=2, shuffle=False, label_key="label",
+                          apply_chat_template=False)
+    groups = prompt_groups(src.dataset, np.arange(2), 2)
+    assert [[(s.group_index, s.index) for s in g] for g in groups] == [[(0, 0), (0, 1)], [(1, 2), (1, 3)]]
