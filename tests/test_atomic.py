@@ -103,6 +103,7 @@ def test_stale_temp_dirs_of_a_killed_writer_are_removed(tmp_path):
     assert (tmp_path / "rollout_1").is_dir() and other.is_dir() and (tmp_path / ".rollout_4.file").is_file()
     assert atomic.remove_stale_temp_dirs(tmp_path / "missing", "x") == []
 
+
 @pytest.fixture
 def umask_022():
     old = os.umask(0o022)
