@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -153,3 +154,18 @@ def test_make_temp_names_and_cleanup(tmp_path, monkeypatch):
     with pytest.raises(PermissionError, match="fchmod refused"):
         atomic.make_temp(tmp_path)
     assert set(os.listdir(tmp_path)) == before  # the temp file is gone again
+
+
+def test_a_stale_temp_dir_that_cannot_be_removed_is_no_error(tmp_path, monkeypatch):
+    """The clean-up of a killed writer's leftovers never fails the resume that runs it."""
+    stale = Path(tempfile.mkdtemp(dir=tmp_path, prefix=".rollout_2."))
+    (stale / "policy.safetensors").write_bytes(b"half")
+    real_unlink = os.unlink
+
+    def refuse(path, *a, **kw):
+        if str(path).endswith("policy.safetensors"):
+            raise PermissionError(f"cannot remove {path}")
+        return real_unlink(path, *a, **kw)
+
+    monkeypatch.setattr(os, "unlink", refuse)
+    assert atomic.remove_stale_temp_dirs(tmp_path, "rollout_*") == [stale]
