@@ -77,7 +77,8 @@ MODULES: dict[str, tuple[list[str], list[str] | None]] = {
                                       [f"pipeline.rollout.train_run.xǁTrainRunǁ{fn}__mutmut_*" for fn in (
                                           "_full", "_top_up", "_decide_ready", "_decide", "_run_item")]),
     # what happens to the groups not admitted: finish, carry, restart, drop (all of it)
-    "pipeline/rollout/leftover_groups.py": (["tests/rollout/test_leftover_groups.py", "tests/rollout/test_engine_rollout.py",
+    "pipeline/rollout/leftover_groups.py": (["tests/rollout/test_leftover_groups.py",
+                                             "tests/rollout/test_engine_rollout.py",
                                              "tests/rollout/test_deterministic_seeds.py"], None),
     # the trainer's loss functions (PPO-clip, CISPO, GSPO KL, KL estimators, TIS, reducers)
     "pipeline/train/losses.py": (["tests/train/test_train_losses.py"], None),

@@ -98,7 +98,8 @@ EQUIVALENT: dict[str, str] = {
     **{f"pipeline.atomic.x_atomic_write_bytes__mutmut_{i}": "after a failed write the temp file exists (mkstemp made "
        "it; only a concurrent cleaner could remove it first), so missing_ok is never needed" for i in (26, 28)},
     **{f"pipeline.atomic.x__umask__mutmut_{i}": "/proc/self/status is ASCII text: 'ascii', 'ASCII' and the locale's "
-       "default encoding (an ASCII superset on every Python-supported Linux locale) read it the same" for i in (2, 4, 8)},
+       "default encoding (an ASCII superset on every Python-supported Linux locale) read it the same"
+       for i in (2, 4, 8)},
     "pipeline.atomic.x__umask__mutmut_21": (
         "the temporary umask is set back on the next line and its value is never used: any value reads the old mask"),
     **{f"pipeline.atomic.x_make_temp__mutmut_{i}": "the fchmod failed right after mkstemp made the file, so it exists "

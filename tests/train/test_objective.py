@@ -174,7 +174,8 @@ def test_tis_weighs_the_pg_loss_by_the_clipped_old_over_rollout_ratio():
     assert metrics["tis"].item() == pytest.approx(2.0 + 4.0)
     assert metrics["tis_clipfrac"].item() == pytest.approx(1.0)
     assert metrics["tis_abs"].item() == pytest.approx(1.0 + 3.0)
-    with pytest.raises(ValueError, match=r"^use_tis needs rollout_log_probs in the train data \(the engine's log-probs\)$"):
+    message = r"^use_tis needs rollout_log_probs in the train data \(the engine's log-probs\)$"
+    with pytest.raises(ValueError, match=message):
         policy_loss(args(use_tis=True), batch([[1.0]], old=[[0.0]]), log_probs[:1], zero_entropy(log_probs[:1]),
                     total, LossHooks())
 
