@@ -83,7 +83,7 @@ class LeftoverGroups:
             if s.response_length and "start_rollout_id" not in s.metadata:
                 s.metadata["start_rollout_id"] = self.rollout_id
 
-    def _park_surplus(self, flight: _Flight) -> None:
+    def _park_surplus(self, flight: Flight) -> None:
         # not filtered here: the dynamic filter decides when the group is used next rollout
         if self.buffered and self.engine_rollout.carry_surplus and not any(isinstance(s, list) for s in flight.group):
             if self.engine_rollout.deterministic:
@@ -99,7 +99,7 @@ class LeftoverGroups:
             self.count["surplus_groups_dropped"] += 1
             self.count["wasted_tokens"] += flight.tokens
 
-    def _park_unfinished(self, flight: _Flight, pending: list[list[Any]]) -> None:
+    def _park_unfinished(self, flight: Flight, pending: list[list[Any]]) -> None:
         """An unfinished group: to the buffer to be continued (partial_rollout), to the buffer as
         fresh prompts (buffered source without partial_rollout, when nothing of it was generated
         yet, or always in deterministic mode: no prompt is lost), else dropped."""
@@ -126,6 +126,6 @@ class LeftoverGroups:
         self.count["aborted_groups_to_buffer" if partial else "aborted_groups_restarted"] += 1
 
     @staticmethod
-    def _unstarted(flight: _Flight) -> bool:
+    def _unstarted(flight: Flight) -> bool:
         """Nothing of the group was generated (it was fetched, then aborted before its turn)."""
         return flight.tokens == 0 and all(not isinstance(s, list) and not s.response_length for s in flight.group)
