@@ -79,7 +79,12 @@ def async_problems(cfg: dict[str, Any]) -> list[str]:
 
 
 def async_warnings(cfg: dict[str, Any]) -> list[str]:
-    """Valid but probably unintended: an async run whose checkpoints leave nothing to overlap."""
+    """Valid but probably unintended: an async run whose checkpoints leave nothing to overlap, or
+    a staleness bound without the async mode."""
+    bound = cfg.get("max_weight_staleness")
+    if cfg.get("train_async") is False and _is_int(bound) and bound != 1:
+        return [f"max_weight_staleness={bound} has no effect without train_async=true (sync mode trains each "
+                f"rollout before the next is generated)"]
     if cfg.get("train_async") is True and cfg.get("save_interval") == 1 and _is_int(cfg.get("num_rollout")) \
             and cfg["num_rollout"] > 1:
         return ["train_async: true with save_interval=1: every checkpoint waits for its rollout's training "

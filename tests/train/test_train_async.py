@@ -171,3 +171,5 @@ def test_preflight_warns_when_every_rollout_is_a_checkpoint(tmp_path, caplog):
     caplog.clear()
     validate(compose_cfg(tmp_path, tmp_path / "run", "save_interval=5", "num_rollout=3"))
     assert "train_async" not in caplog.text
+    validate(compose_cfg(tmp_path, tmp_path / "run", "train_async=false", "max_weight_staleness=2"))
+    assert "max_weight_staleness=2 has no effect without train_async=true" in caplog.text
