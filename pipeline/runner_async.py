@@ -132,7 +132,8 @@ class AsyncTrainLoop:
             self.training = None
         waited = time.perf_counter() - waited_from
         ctx.metrics.update(train_metrics)
-        ctx.metrics.update(sync_trained_weights(self.trainer, parts))
+        if ctx.train_data is not None:  # as the sync train stage: no train data, no update, no sync
+            ctx.metrics.update(sync_trained_weights(self.trainer, parts))
         ctx.timings["train"] = seconds
         ctx.metrics["perf/async_train_wait_time"] = waited
         ctx.metrics["perf/async_overlap_time"] = max(0.0, seconds - waited)
