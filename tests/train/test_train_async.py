@@ -78,9 +78,10 @@ def test_one_step_off_order_versions_staleness_and_overlap(tmp_path):
     assert [row["train/weight_version"] for row in rows] == [1.0, 2.0, 3.0, 4.0, 5.0]
     assert [row["rollout/weight_staleness"] for row in rows] == [0.0, 1.0, 1.0, 1.0, 1.0]
     assert all(row["train/samples"] == 4.0 for row in rows)
-    # training hidden behind generation: most of the 0.4 s per rollout, except the last (nothing to overlap)
+    # training hidden behind generation (the next rollout's ~0.3 s or more), except for the last
+    # rollout: only the previous rollout's logging and commit overlap it, the loop waits for the rest
     assert all(rows[r]["perf/async_overlap_time"] > 0.1 for r in range(4))
-    assert rows[4]["perf/async_overlap_time"] < 0.1 and rows[4]["perf/async_train_wait_time"] > 0.3
+    assert rows[4]["perf/async_train_wait_time"] > rows[4]["perf/async_overlap_time"]
     for row in rows:
         assert row["perf/stage/train_time"] >= 0.4
         assert row["perf/async_overlap_time"] + row["perf/async_train_wait_time"] == pytest.approx(
