@@ -16,7 +16,7 @@ from pipeline.plugins import SLOTS, SLOTS_BY_NAME, ConfigError, Needs, check_all
 from pipeline.plugins import target_of as _target
 from pipeline.rewards.preflight import reward_problems
 from pipeline.session import resume_target_problem
-from pipeline.train.preflight import trainer_problems
+from pipeline.train.preflight import async_problems, async_warnings, trainer_problems
 
 __all__ = ["collect_problems", "collect_warnings"]
 
@@ -64,6 +64,7 @@ def collect_problems(cfg: dict[str, Any]) -> list[str]:
     _data_path(cfg, out)
     _advantage(cfg, out)
     out += trainer_problems(cfg)
+    out += async_problems(cfg)
     _plugins(cfg, out)
     _allowlist(cfg, out)
     if not out:  # imports the plugins and reads the prompt files: only when sound
@@ -140,6 +141,7 @@ def collect_warnings(cfg: dict[str, Any]) -> list[str]:
     """Valid but probably unintended choices in `cfg` (logged by `validate`, not refused)."""
     out: list[str] = []
     _buffer_never_filled(cfg, out)
+    out += async_warnings(cfg)
     return out
 
 

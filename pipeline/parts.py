@@ -162,7 +162,8 @@ def build_parts(plain: dict[str, Any], args: SlimeArgs, allowed: tuple[str, ...]
                        plugins=plugins)
     schedule = Schedule(start_rollout_id=start, num_rollout=plain["num_rollout"],
                         save_interval=plain["save_interval"], eval_interval=plain["eval_interval"],
-                        eval_before_train=plain["eval_before_train"] and not plain["resume"])
+                        eval_before_train=plain["eval_before_train"] and not plain["resume"],
+                        train_async=plain["train_async"], max_weight_staleness=plain["max_weight_staleness"])
     return parts, values.get("eval"), schedule
 
 

@@ -53,6 +53,10 @@ class Schedule:
     save_interval: int | None = 1
     eval_interval: int | None = None
     eval_before_train: bool = False
+    # train_async: rollout k+1 generates while the trainer trains on k (pipeline.runner_async);
+    # max_weight_staleness bounds how many weight versions generation may run behind the trainer
+    train_async: bool = False
+    max_weight_staleness: int = 1
 
     def should_save(self, rollout_id: int) -> bool:
         """Every save_interval rollouts, and after the last one."""
@@ -82,6 +86,12 @@ class Pipeline:
     def run(self) -> dict[str, Any]:
         """Run every scheduled rollout; returns the metrics of the last step."""
         sched = self.schedule
+        if sched.train_async:
+            from pipeline.runner_async import run_async
+
+            last = run_async(self)
+            self.export_trained_policy(last)
+            return last
         last: dict[str, Any] = {}
         self.restore_rollout_state()
         for rollout_id in range(sched.start_rollout_id, sched.num_rollout):
@@ -92,14 +102,22 @@ class Pipeline:
             metrics.update(ctx.metrics)
             if self.eval_fn is not None and sched.should_eval(rollout_id):
                 metrics.update(self.evaluate(rollout_id))
-            with deferred_interrupt():
-                self.commit(rollout_id, metrics)
+            self.commit_in_order(rollout_id, metrics)
             last = metrics
+        self.export_trained_policy(last)
+        return last
+
+    def export_trained_policy(self, last: dict[str, Any]) -> None:
+        """After the rollouts: the trained policy as a plain HF folder (when a trainer ran)."""
         trainer = self.parts.plugin("trainer")
         if trainer is not None and self.parts.run_dir is not None and (
                 last or policy_missing(trainer, self.parts.run_dir)):
             export_policy(trainer, self.parts.run_dir)
-        return last
+
+    def commit_in_order(self, rollout_id: int, metrics: dict[str, Any]) -> None:
+        """`commit` with Ctrl-C held back until it is done (checkpoint and metrics line: both or neither)."""
+        with deferred_interrupt():
+            self.commit(rollout_id, metrics)
 
     def commit(self, rollout_id: int, metrics: dict[str, Any]) -> None:
         """A finished rollout: its checkpoint (when scheduled), then its metrics line and sink rows."""
@@ -146,21 +164,35 @@ class Pipeline:
 
     def run_rollout(self, rollout_id: int) -> RolloutContext:
         """One rollout step through every stage, each timed as perf/stage/<name>_time."""
+        ctx = self.start_rollout(rollout_id)
+        self.run_stages(ctx, self.stages)
+        self.add_stage_times(ctx)
+        return ctx
+
+    def start_rollout(self, rollout_id: int) -> RolloutContext:
+        """Tell the data source a rollout begins (`begin_rollout`, when it has one); a fresh context."""
         begin = getattr(self.parts.data_source, "begin_rollout", None)
         if callable(begin):
             begin(rollout_id)
-        ctx = RolloutContext(rollout_id=rollout_id)
-        for name, stage in self.stages:
+        return RolloutContext(rollout_id=rollout_id)
+
+    def run_stages(self, ctx: RolloutContext,
+                   stages: tuple[tuple[str, Callable[[RolloutContext, StageParts], None]], ...]) -> None:
+        """Run `stages` in order on `ctx`, timing each into `ctx.timings`."""
+        for name, stage in stages:
             start = time.perf_counter()
             try:
                 stage(ctx, self.parts)
             except Exception as exc:
-                exc.add_note(f"in stage {name!r} of rollout {rollout_id}")
+                exc.add_note(f"in stage {name!r} of rollout {ctx.rollout_id}")
                 raise
             ctx.timings[name] = time.perf_counter() - start
+
+    @staticmethod
+    def add_stage_times(ctx: RolloutContext) -> None:
+        """`perf/stage/<name>_time` for every timed stage."""
         for name, seconds in ctx.timings.items():
             ctx.metrics[f"perf/stage/{name}_time"] = seconds
-        return ctx
 
     def evaluate(self, rollout_id: int) -> dict[str, Any]:
         """Call the eval function with evaluation=True; eval/<name> metrics; dump eval samples."""

@@ -20,7 +20,7 @@ import contextvars
 from typing import Any, Iterable
 
 __all__ = ["RUNS_KEY", "extend_runs", "token_versions", "oldest_version", "staleness",
-           "group_staleness", "call_versions", "mask_older_than_newest", "serving_version",
+           "group_staleness", "staleness_metrics", "call_versions", "mask_older_than_newest", "serving_version",
            "set_serving_version", "reset_serving_version", "as_version"]
 
 RUNS_KEY = "weight_version_runs"
@@ -94,6 +94,14 @@ def staleness(sample: Any, current: int) -> int:
 def group_staleness(group: Iterable[Any], current: int) -> int:
     """The largest staleness among a group's samples."""
     return max((staleness(s, current) for s in group), default=0)
+
+
+def staleness_metrics(samples: Iterable[Any], current: int) -> dict[str, float]:
+    """`rollout/weight_staleness` (max) and `rollout/weight_staleness_mean` (mean) over the
+    samples' response tokens of known version: `current` minus the version that made each token."""
+    lags = [current - v for s in samples for v in token_versions(s) if v is not None]
+    return {"rollout/weight_staleness": float(max(lags, default=0)),
+            "rollout/weight_staleness_mean": sum(lags) / len(lags) if lags else 0.0}
 
 
 def call_versions(meta: dict[str, Any]) -> list[Any]:

@@ -158,6 +158,8 @@ def test_data_source_filter_product(ds, filt, workdir):
     ("eval_interval=2", "eval_interval: 2 is set but eval=none"),
     ("eval_before_train=true", "eval_before_train: true but eval=none"),
     ("save_interval=-1", "save_interval: expected a positive integer or null"),
+    ("train_async=true", "train_async: true overlaps generation with training, but trainer=none trains nothing"),
+    ("max_weight_staleness=0", r"max_weight_staleness: expected an integer >= 1 \(how many weight versions"),
     ("start_rollout_id=5", r"start_rollout_id: 5 must be < num_rollout \(3\)"),
     ("data_source.prompt_data='/nonexistent/x.jsonl@[1:]'", "data_source.prompt_data: '/nonexistent/x.jsonl' does not exist"),
     ("rollout_top_p=1.5", r"rollout_top_p: expected a number in \(0, 1\]"),

@@ -44,7 +44,7 @@ from pipeline.rollout.sample_generate import (
     snapshot,
 )
 from pipeline.sample import Sample
-from pipeline.sample_versions import group_staleness, set_serving_version, token_versions
+from pipeline.sample_versions import group_staleness, set_serving_version, staleness_metrics
 
 __all__ = ["TrainRun"]
 
@@ -296,8 +296,4 @@ class TrainRun(LeftoverGroups):
     def _staleness(self) -> dict[str, float]:
         """`rollout/weight_staleness` (max) and `_mean` over the kept samples' response tokens of
         known version: serving version minus the version that made the token."""
-        current = self.serving_version()
-        lags = [current - v for f in self.kept for s in flatten_group(f.group)
-                for v in token_versions(s) if v is not None]
-        return {"rollout/weight_staleness": float(max(lags, default=0)),
-                "rollout/weight_staleness_mean": sum(lags) / len(lags) if lags else 0.0}
+        return staleness_metrics((s for f in self.kept for s in flatten_group(f.group)), self.serving_version())

@@ -25,7 +25,7 @@ from pipeline.stages.context import RolloutContext, StageParts
 from pipeline.train.sync import push_weights
 
 __all__ = ["TRAINER_STATES_KEPT", "export_policy", "policy_missing", "restore_trainer", "save_trainer",
-           "train_stage", "trainer_state_dir"]
+           "sync_trained_weights", "train_stage", "trainer_state_dir"]
 
 logger = logging.getLogger(__name__)
 
@@ -39,10 +39,16 @@ def train_stage(ctx: RolloutContext, parts: StageParts) -> None:
     trainer = parts.plugin("trainer")
     if trainer is None or ctx.train_data is None:
         return
-    metrics = trainer.train(ctx.rollout_id, ctx.train_data)
-    metrics.update(push_weights(trainer, parts.plugin("engine"), parts.run_dir))
+    ctx.metrics.update(trainer.train(ctx.rollout_id, ctx.train_data))
+    ctx.metrics.update(sync_trained_weights(trainer, parts))
+
+
+def sync_trained_weights(trainer: Any, parts: StageParts) -> dict[str, float]:
+    """After an update: the engine gets the trainer's weights (`push_weights`); the sync time and
+    `train/weight_version`."""
+    metrics = push_weights(trainer, parts.plugin("engine"), parts.run_dir)
     metrics["train/weight_version"] = float(trainer.weight_version)
-    ctx.metrics.update(metrics)
+    return metrics
 
 
 def trainer_state_dir(run_dir: str, rollout_id: int) -> Path:

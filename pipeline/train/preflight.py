@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipeline.engines.preflight import has_trainer
 from pipeline.train.choices import KL_LOSS_TYPES, LOSS_AGG_MODES, LR_DECAY_STYLES
 
-__all__ = ["trainer_problems"]
+__all__ = ["async_problems", "async_warnings", "trainer_problems"]
 
 _POLICY_GRADIENT = "pipeline.train.policy_gradient.PolicyGradientTrainer"
 _FUNCTION = "pipeline.train.function.FunctionTrainer"
@@ -59,6 +60,37 @@ def trainer_problems(cfg: dict[str, Any]) -> list[str]:
         out.append("trainer.use_rollout_logprobs and trainer.use_tis together: TIS weighs the trainer's old "
                    "log-probs against the rollout's, which are then the same (slime refuses this too)")
     return out
+
+
+def async_problems(cfg: dict[str, Any]) -> list[str]:
+    """Problems of `train_async` / `max_weight_staleness` (pipeline.runner_async)."""
+    out: list[str] = []
+    mode, bound = cfg.get("train_async"), cfg.get("max_weight_staleness")
+    if not isinstance(mode, bool):
+        out.append(f"train_async: expected true or false, got {mode!r}")
+    if not _is_int(bound) or bound < 1:
+        out.append(f"max_weight_staleness: expected an integer >= 1 (how many weight versions generation runs "
+                   f"behind the trainer), got {bound!r}")
+    if mode is True:
+        if not has_trainer(cfg):
+            out.append("train_async: true overlaps generation with training, but trainer=none trains nothing; "
+                       "choose a trainer (trainer=policy_gradient or trainer=function) or set train_async=false")
+    return out
+
+
+def async_warnings(cfg: dict[str, Any]) -> list[str]:
+    """Valid but probably unintended: an async run whose checkpoints leave nothing to overlap, or
+    a staleness bound without the async mode."""
+    bound = cfg.get("max_weight_staleness")
+    if cfg.get("train_async") is False and _is_int(bound) and bound != 1:
+        return [f"max_weight_staleness={bound} has no effect without train_async=true (sync mode trains each "
+                f"rollout before the next is generated)"]
+    if cfg.get("train_async") is True and cfg.get("save_interval") == 1 and _is_int(cfg.get("num_rollout")) \
+            and cfg["num_rollout"] > 1:
+        return ["train_async: true with save_interval=1: every checkpoint waits for its rollout's training "
+                "before the next rollout is generated, so nothing overlaps; set save_interval > 1 "
+                "(e.g. save_interval=10)"]
+    return []
 
 
 def _is_int(value: Any) -> bool:
