@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from pipeline.rollout.contracts import as_eval_output
+from pipeline.runner_async import run_async
 from pipeline.sinks.files import write_samples
 from pipeline.sinks.jsonl import MetricsJsonl
 from pipeline.stages import STAGES, RolloutContext, StageParts
@@ -87,8 +88,6 @@ class Pipeline:
         """Run every scheduled rollout; returns the metrics of the last step."""
         sched = self.schedule
         if sched.train_async:
-            from pipeline.runner_async import run_async
-
             last = run_async(self)
             self.export_trained_policy(last)
             return last

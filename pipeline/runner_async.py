@@ -36,18 +36,32 @@ import logging
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable, Protocol
 
 from pipeline.sample_versions import staleness_metrics
 from pipeline.stages.context import RolloutContext
 from pipeline.stages.train import sync_trained_weights
 
-if TYPE_CHECKING:
-    from pipeline.runner import Pipeline
-
 __all__ = ["AsyncTrainLoop", "run_async"]
 
 logger = logging.getLogger(__name__)
+
+
+class Pipeline(Protocol):
+    """What the loop uses of `pipeline.runner.Pipeline` (a protocol, so this module does not
+    import the runner, which imports it)."""
+
+    stages: tuple[tuple[str, Callable[..., None]], ...]
+    parts: Any
+    schedule: Any
+    eval_fn: Any
+
+    def restore_rollout_state(self) -> None: ...
+    def evaluate(self, rollout_id: int) -> dict[str, Any]: ...
+    def start_rollout(self, rollout_id: int) -> RolloutContext: ...
+    def run_stages(self, ctx: RolloutContext, stages: Any) -> None: ...
+    def add_stage_times(self, ctx: RolloutContext) -> None: ...
+    def commit_in_order(self, rollout_id: int, metrics: dict[str, Any]) -> None: ...
 
 
 def run_async(pipeline: Pipeline) -> dict[str, Any]:
