@@ -46,7 +46,15 @@ def start(*args: str, token_delay: float = 0.05) -> subprocess.Popen:
     """A slow run in the background (the scripted engine waits `token_delay` s per token); its
     console (stdout and stderr) in `proc.stdout`."""
     return subprocess.Popen([sys.executable, "run.py", f"engine.token_delay={token_delay}", *args], cwd=ROOT, env=ENV,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=_ctrl_c_as_in_a_terminal)
+
+
+def _ctrl_c_as_in_a_terminal() -> None:
+    """The run gets SIGINT's default action, as a command typed in a terminal does, even when
+    this test session was started in the background (a shell starts background jobs with SIGINT
+    ignored, and children inherit that)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def wait_for(cond, what: str, proc: subprocess.Popen, timeout: float = 90) -> None:

@@ -1,35 +1,40 @@
 """train_async end to end with the real parts: SmolLM2-135M-Instruct in the hf engine, the
-policy-gradient trainer, tiny sizes (2 prompts x 2 samples, 4 new tokens, 3 rollouts)."""
+policy-gradient trainer, tiny sizes (2 prompts x 2 samples, 4 new tokens, 3 rollouts). Each run
+is a `python run.py` subprocess, so the engine, the trainer and its optimizer state (about 3 GB)
+never stay in the test session's memory."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 
-from pipeline.app import run
 from pipeline.sample_versions import token_versions
 from pipeline.sinks.files import read_samples
 from pipeline.sinks.jsonl import read_metrics
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_async(tmp_path: Path, run_dir: Path) -> None:
     data = tmp_path / "arith.jsonl"
     data.write_text("".join(json.dumps({"input": f"What is {i} + {i + 2}?", "label": str(2 * i + 2)}) + "\n"
                             for i in range(6)))
-    overrides = [f"paths.output_dir={run_dir}", f"data_source.prompt_data={data}", "logger=jsonl",
+    overrides = [f"hydra.run.dir={run_dir}", f"data_source.prompt_data={data}", "logger=jsonl",
                  "trainer=policy_gradient", "trainer.lr=1e-5", "trainer.micro_batch_size=4", "train_async=true",
                  "rollout_batch_size=2", "n_samples_per_prompt=2", "rollout_max_response_len=4", "num_rollout=3",
                  "save_interval=null", "rollout.deterministic=true", "rollout.progress=false",
                  "rollout.summary=false"]
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        run(compose(config_name="config", overrides=overrides))
+    env = dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true", HYDRA_FULL_ERROR="1")
+    proc = subprocess.run([sys.executable, "run.py", *overrides], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=420)
+    assert proc.returncode == 0, f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
 
 
 def test_async_training_on_smollm2(tmp_path):
