@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["atomic_dir", "atomic_write_bytes", "atomic_write_text", "file_mode", "make_temp", "remove_stale_temp_dirs"]
+__all__ = ["atomic_dir", "atomic_write_bytes", "atomic_write_text", "file_mode", "make_temp", "prune_numbered_dirs",
+           "remove_stale_temp_dirs"]
 
 
 def _umask() -> int:
@@ -100,3 +102,17 @@ def remove_stale_temp_dirs(parent: str | os.PathLike[str], name_glob: str) -> li
     for path in stale:
         shutil.rmtree(path, ignore_errors=True)
     return stale
+
+
+def prune_numbered_dirs(parent: str | os.PathLike[str], name: re.Pattern[str], keep: int) -> list[Path]:
+    """Delete all but the `keep` highest-numbered folders in `parent` whose names fully match
+    `name` (its first group is the number, e.g. `rollout_(-?\\d+)`); returns what was removed.
+    Other entries are left alone; `keep <= 0` removes nothing."""
+    folder = Path(parent)
+    if keep <= 0 or not folder.is_dir():
+        return []
+    found = sorted((int(m[1]), p) for p in folder.iterdir() if (m := name.fullmatch(p.name)) and p.is_dir())
+    old = [p for _, p in found[:-keep]]
+    for path in old:
+        shutil.rmtree(path, ignore_errors=True)
+    return old

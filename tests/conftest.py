@@ -2,6 +2,7 @@
 (set before anything imports torch; see run.py)."""
 
 import os
+import shutil
 
 import pytest
 
@@ -58,3 +59,25 @@ def pytest_collection_modifyitems(config, items) -> None:
         limit = marker.args[0] if marker is not None and marker.args else config.getoption("timeout", None)
         if limit is None or float(limit) <= 0 or float(limit) > cap:
             item.add_marker(pytest.mark.timeout(cap), append=False)
+
+
+# free disk (GB) the end-to-end tests need under the temp folder: the largest trainer test holds two
+# fully fine-tuned SmolLM2 runs (a 1.6 GB trainer state and a 0.5 GB policy each, plus a second
+# state while a checkpoint is written); pyproject.toml deletes a passed test's folder at once
+SLOW_TESTS_FREE_GB = 8.0
+
+
+def pytest_collection_finish(session) -> None:
+    """Stop before the first test when the selected tests need more free disk than there is
+    (`ROLLOUT_PIPELINE_TEST_MIN_FREE_GB`, default SLOW_TESTS_FREE_GB when a `slow` test is
+    selected, else 0), instead of failing with "No space left on device" minutes in."""
+    slow = any(item.get_closest_marker("slow") is not None for item in session.items)
+    need = float(os.environ.get("ROLLOUT_PIPELINE_TEST_MIN_FREE_GB", SLOW_TESTS_FREE_GB if slow else 0) or 0)
+    if need <= 0:
+        return
+    folder = str(session.config._tmp_path_factory.getbasetemp().parent)
+    free = shutil.disk_usage(folder).free / 2**30
+    if free < need:
+        pytest.exit(f"{folder} has {free:.1f} GB free; the selected tests need {need:.0f} GB there (the real-model "
+                    f"trainer tests write fully fine-tuned checkpoints). Free some disk, point TMPDIR elsewhere, or "
+                    f"set ROLLOUT_PIPELINE_TEST_MIN_FREE_GB to a lower value (0: no check).", returncode=1)

@@ -169,3 +169,23 @@ def test_a_stale_temp_dir_that_cannot_be_removed_is_no_error(tmp_path, monkeypat
 
     monkeypatch.setattr(os, "unlink", refuse)
     assert atomic.remove_stale_temp_dirs(tmp_path, "rollout_*") == [stale]
+
+
+def test_prune_keeps_the_highest_numbers_not_the_newest_names(tmp_path):
+    """Numbers compare as numbers (v10 is newer than v9), other names and files stay, and keep <= 0
+    removes nothing."""
+    import re
+
+    for name in ("v2", "v9", "v10", "v11", "vx", "latest"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "v1").write_text("a file, not a folder")
+    pattern = re.compile(r"v(\d+)")
+    assert atomic.prune_numbered_dirs(tmp_path, pattern, 0) == []
+    removed = atomic.prune_numbered_dirs(tmp_path, pattern, 2)
+    assert sorted(p.name for p in removed) == ["v2", "v9"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "v1", "v10", "v11", "vx"]
+    assert atomic.prune_numbered_dirs(tmp_path / "missing", pattern, 1) == []
+    negative = re.compile(r"rollout_(-?\d+)")
+    for name in ("rollout_-1", "rollout_0", "rollout_3"):
+        (tmp_path / name).mkdir()
+    assert [p.name for p in atomic.prune_numbered_dirs(tmp_path, negative, 1)] == ["rollout_-1", "rollout_0"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import Any, Mapping
 
 import torch
 
+from pipeline.atomic import prune_numbered_dirs
 from pipeline.engines.base import check_update
 
 __all__ = ["copy_into_model", "versions_per_token", "save_hf_folder", "CONFIG_FILES"]
@@ -27,6 +29,7 @@ logger = logging.getLogger(__name__)
 
 # files copied from the base checkpoint so the folder is a complete HF model folder
 CONFIG_FILES = ("config.json", "generation_config.json")
+_VERSION = re.compile(r"v(\d+)")
 
 
 def copy_into_model(model: Any, state: Mapping[str, torch.Tensor], version: int, at: int) -> int:
@@ -81,13 +84,7 @@ def save_hf_folder(state: Mapping[str, torch.Tensor], base_checkpoint: str | Non
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    _prune(root, keep)
+    for old in prune_numbered_dirs(root, _VERSION, keep):
+        logger.debug("weight sync: removed %s", old)
     return final
 
-
-def _prune(root: Path, keep: int) -> None:
-    folders = sorted((p for p in root.glob("v*") if p.is_dir() and p.name[1:].isdigit()),
-                     key=lambda p: int(p.name[1:]))
-    for old in folders[:-keep] if keep > 0 else []:
-        shutil.rmtree(old, ignore_errors=True)
-        logger.debug("weight sync: removed %s", old)

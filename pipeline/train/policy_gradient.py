@@ -34,6 +34,7 @@ from pipeline.train import batches, model as policy_model
 from pipeline.train.losses import KL_LOSS_TYPES, LOSS_AGG_MODES, batch_normalizer, sample_mean_reducer
 from pipeline.train.objective import LossHooks, MicroBatch, policy_loss
 from pipeline.train.optim import LrSchedule, make_adamw
+from pipeline.train.shared_prompt import shared_prompt_log_probs
 from pipeline.train.state import load_state, save_state, seed_rngs
 
 __all__ = ["PolicyGradientTrainer", "HOOK_KEYS"]
@@ -210,12 +211,18 @@ class PolicyGradientTrainer:
         out: list[torch.Tensor | None] = [None] * len(samples)
         with torch.no_grad():
             for mb in self._micro_batches(samples, list(range(len(samples))) if indices is None else indices):
-                lps, _ = batches.response_log_probs(model, [samples.tokens[i] for i in mb],
-                                                    [samples.response_lengths[i] for i in mb],
-                                                    self.keys["rollout_temperature"], False, self._autocast())
+                lps, _ = self._log_probs(model, [samples.tokens[i] for i in mb],
+                                         [samples.response_lengths[i] for i in mb], False)
                 for i, lp in zip(mb, lps):
                     out[i] = lp
         return out
+
+    def _log_probs(self, model: Any, tokens: list[torch.Tensor], response_lengths: list[int],
+                   with_entropy: bool) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+        """Response log-probs (and entropies): one forward per distinct prompt when
+        `share_prompt_forward`, else one per sample; equal up to rounding."""
+        fn = shared_prompt_log_probs if self.keys["share_prompt_forward"] else batches.response_log_probs
+        return fn(model, tokens, response_lengths, self.keys["rollout_temperature"], with_entropy, self._autocast())
 
     def _micro_batches(self, samples: batches.TrainSamples, indices: list[int]) -> list[list[int]]:
         k = self.keys
@@ -242,9 +249,7 @@ class PolicyGradientTrainer:
             if self.keys["loss_type"] == "custom_loss":
                 loss, metrics = self._custom_loss(batch, tokens, reduce)
             else:
-                log_probs, entropy = batches.response_log_probs(
-                    self.model, tokens, batch.response_lengths, self.keys["rollout_temperature"], True,
-                    self._autocast())
+                log_probs, entropy = self._log_probs(self.model, tokens, batch.response_lengths, True)
                 # first-step samples: old log-probs = these, detached (prepare)
                 batch.old_log_probs = [lp.detach() if old is None else old
                                        for lp, old in zip(log_probs, batch.old_log_probs)]

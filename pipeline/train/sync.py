@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import logging
 import re
-import shutil
 import time
 from pathlib import Path
 from typing import Any
 
-from pipeline.atomic import remove_stale_temp_dirs
+from pipeline.atomic import prune_numbered_dirs, remove_stale_temp_dirs
 
 __all__ = ["LORA_ADAPTERS_KEPT", "push_weights"]
 
@@ -31,7 +30,7 @@ logger = logging.getLogger(__name__)
 # adapter folders kept under <run>/lora_adapters/ (the server loaded the older ones already and
 # unloads them once the next version is served)
 LORA_ADAPTERS_KEPT = 2
-_ADAPTER = re.compile(r"^v(\d+)$")
+_ADAPTER = re.compile(r"v(\d+)")
 
 
 def push_weights(trainer: Any, engine: Any, run_dir: str | None) -> dict[str, float]:
@@ -53,7 +52,7 @@ def push_weights(trainer: Any, engine: Any, run_dir: str | None) -> dict[str, fl
         remove_stale_temp_dirs(root, "v*")
         folder = trainer.save_lora_adapter(str(root / f"v{version}"))
         update_lora(folder, version)
-        _prune_adapters(root)
+        prune_numbered_dirs(root, _ADAPTER, LORA_ADAPTERS_KEPT)
     else:
         state = trainer.weights_for_engine()
         if state is None:
@@ -65,9 +64,3 @@ def push_weights(trainer: Any, engine: Any, run_dir: str | None) -> dict[str, fl
     logger.info("engine now serves weight version %d", version)
     return {"perf/weight_sync_time": time.perf_counter() - start}
 
-
-def _prune_adapters(root: Path) -> None:
-    """Delete all but the newest LORA_ADAPTERS_KEPT `v<N>` folders under `root`."""
-    found = sorted((int(m[1]), p) for p in root.iterdir() if (m := _ADAPTER.match(p.name)) and p.is_dir())
-    for _, old in found[:-LORA_ADAPTERS_KEPT]:
-        shutil.rmtree(old, ignore_errors=True)

@@ -226,12 +226,13 @@ def test_bf16_autocast_gives_nearly_the_float32_gradient():
     assert 0.95 < cosine < 1.0  # close, and not the same computation
 
 
-def test_first_step_takes_old_log_probs_from_its_own_forward():
+@pytest.mark.parametrize("shared", [True, False])
+def test_first_step_takes_old_log_probs_from_its_own_forward(shared):
     # before the first update the weights are those of the rollout, so the recompute forward is
     # skipped for the first step's samples; gradients and metrics equal the recomputing path
     model = tiny_llama()
-    full, skipping = trainer(copy.deepcopy(model), micro_batch_size=2), trainer(copy.deepcopy(model),
-                                                                               micro_batch_size=2)
+    full, skipping = (trainer(copy.deepcopy(model), micro_batch_size=2, share_prompt_forward=shared)
+                      for _ in range(2))
     forwards = []
     skipping.model.register_forward_hook(lambda *_: forwards.append(1))
     recomputed = full.prepare(train_data())
@@ -242,7 +243,8 @@ def test_first_step_takes_old_log_probs_from_its_own_forward():
     for t, prepared in ((full, recomputed), (skipping, reused)):
         t.optimizer.zero_grad(set_to_none=True)
         results.append((t.accumulate(prepared, [0, 1, 2, 3], backward=True), flat_grad(t.model)))
-    assert len(forwards) == 2  # one training forward per micro-batch, nothing else
+    # one training pass per micro-batch, nothing else (a shared-prompt pass: prompts, then responses)
+    assert len(forwards) == 2 * (2 if shared else 1)
     assert results[0][0] == pytest.approx(results[1][0], rel=1e-12, abs=1e-15)
     assert torch.allclose(results[0][1], results[1][1], rtol=1e-12, atol=1e-15)
 

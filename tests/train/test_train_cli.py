@@ -45,12 +45,12 @@ def test_function_trainer_metrics_state_and_resume(data, tmp_path):
     assert [r["train/samples"] for r in rows] == [4.0, 4.0]
     assert [r["train/weight_version"] for r in rows] == [1.0, 2.0]
     assert all("perf/stage/train_time" in r for r in rows)
-    assert sorted(p.name for p in (run / "trainer").iterdir()) == ["rollout_0", "rollout_1"]
+    # once a checkpoint is written only its trainer state stays
+    assert sorted(p.name for p in (run / "trainer").iterdir()) == ["rollout_1"]
     run_cli([f"resume={run}", "num_rollout=3"])
     rows = read_metrics(run / "metrics.jsonl")
     assert [r["train/weight_version"] for r in rows] == [1.0, 2.0, 3.0]
-    # the newest two trainer states are kept
-    assert sorted(p.name for p in (run / "trainer").iterdir()) == ["rollout_1", "rollout_2"]
+    assert sorted(p.name for p in (run / "trainer").iterdir()) == ["rollout_2"]
 
 
 def test_trainer_none_is_the_default_and_writes_no_trainer_state(data, tmp_path):
@@ -103,8 +103,10 @@ def test_learn_sweep_gives_curves_per_job_in_wandb_and_bands_per_n(data, tmp_pat
     eval_file.write_text("".join(json.dumps({"input": f"What is {i} + 1?", "label": str(i + 1)}) + "\n"
                                  for i in range(3)))
     sweep = tmp_path / "sweep"
+    # LoRA: what is tested here is the sweep's logging and report, and four fully fine-tuned runs
+    # would leave 8 GB of trainer states and policies behind
     run_cli(["-m", "experiment=learn", "data_source.seed=1,2", "n_samples_per_prompt=2,3", f"data_source.prompt_data={data}",
-             "num_rollout=2", "rollout_batch_size=1", "rollout_max_response_len=3", "eval_interval=2",
+             "trainer.lora_rank=4", "num_rollout=2", "rollout_batch_size=1", "rollout_max_response_len=3", "eval_interval=2",
              f"eval.datasets.0.prompt_data={eval_file}", "rollout.progress=false", "rollout.summary=false",
              f"hydra.sweep.dir={sweep}"], timeout=880)
     jobs = sorted((p for p in sweep.iterdir() if (p / "metrics.jsonl").is_file()), key=lambda p: int(p.name))

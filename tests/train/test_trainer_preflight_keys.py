@@ -34,3 +34,11 @@ def test_dr_grpo_needs_a_length_and_function_needs_a_path():
                                                         loss_agg_norm_len=None))[0]
     assert "trainer.train_function_path" in trainer_problems(
         {"trainer": {"_target_": "pipeline.train.function.FunctionTrainer", "path": None}})[0]
+
+
+def test_switches_must_be_booleans():
+    """`bf16: "no"` would be truthy: every on/off key of the trainer takes true or false only."""
+    problems = trainer_problems(node(bf16="no", share_prompt_forward=1, use_tis=None))
+    assert problems == ["trainer.bf16='no': expected true or false",
+                        "trainer.share_prompt_forward=1: expected true or false",
+                        "trainer.use_tis=None: expected true or false"]
