@@ -4,8 +4,9 @@ prompts (data/math_train.jsonl), reward (pipeline/rewards/math.py), samples per 
 and learning rate.
 
 Reported per trainer: seconds per step (ours split into generation and training), held-out greedy
-pass@1 on data/math_eval.jsonl before and after the same number of steps, and the ratio of
-seconds per step (target: ours <= 1/3 of TRL's). TRL runs in its own virtualenv (`.venv-trl/`,
+pass@1 on data/math_eval.jsonl before and after the same number of steps (each trainer's own
+eval, and both final policies through one common evaluator: float32 `model.generate`), and the
+ratio of seconds per step (target: ours <= 1/3 of TRL's). TRL runs in its own virtualenv (`.venv-trl/`,
 built by scripts/trl_venv.sh on first use: trl 1.16.0 beside torch 2.13.0 CPU); it is not a
 dependency of the project.
 
@@ -45,8 +46,7 @@ def run_trl(a: argparse.Namespace, model: str, out_dir: Path) -> dict[str, Any]:
     cmd = [str(TRL_VENV / "bin" / "python"), str(ROOT / "bench" / "trl_grpo.py"), "--model", model,
            "--prompts-per-step", str(a.prompts_per_step), "--n", str(a.n), "--new-tokens", str(a.new_tokens),
            "--lr", str(a.lr), "--steps", str(a.steps), "--seed", str(a.seed), "--out", str(out)]
-    if a.skip_eval:
-        cmd.append("--skip-eval")
+    cmd += ["--skip-eval"] if a.skip_eval else ["--save-policy", str(out_dir / "trl_policy")]
     subprocess.run(cmd, check=True, cwd=ROOT)
     return json.loads(out.read_text())
 
@@ -73,14 +73,27 @@ def run_ours(a: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
             "reward_per_step": [r.get("rollout/raw_reward") for r in steps], "load_average": os.getloadavg()[0]}
 
 
+def common_eval(a: argparse.Namespace, folders: dict[str, Path], out_dir: Path) -> dict[str, float]:
+    """Held-out greedy pass@1 of each HF folder with one evaluator (bench/trl_grpo.py's float32
+    `model.generate` with the chat template), so both trainers' "before" and "after" compare
+    like for like; returns {name: pass@1}."""
+    out = out_dir / "common_eval.json"
+    cmd = [str(TRL_VENV / "bin" / "python"), str(ROOT / "bench" / "trl_grpo.py"), "--new-tokens", str(a.new_tokens),
+           "--out", str(out), "--eval-only", *map(str, folders.values())]
+    subprocess.run(cmd, check=True, cwd=ROOT)
+    scores = json.loads(out.read_text())["pass_at_1"]
+    return {name: scores[str(folder)] for name, folder in folders.items()}
+
+
 def _fmt(x: float | None, spec: str = ".2f") -> str:
     return "-" if x is None else format(x, spec)
 
 
 def report(results: list[dict[str, Any]]) -> str:
     """A Markdown table of the results, with the ours / TRL ratio of seconds per step."""
-    lines = ["| trainer | steps | s/step (median) | generate s | train s | pass@1 before | pass@1 after | load |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| trainer | steps | s/step (median) | generate s | train s | pass@1 before | pass@1 after | "
+             "pass@1 after, common evaluator | load |",
+             "|---|---|---|---|---|---|---|---|---|"]
     medians = {}
     for r in results:
         med = statistics.median(r["seconds_per_step"]) if r["seconds_per_step"] else None
@@ -89,7 +102,7 @@ def report(results: list[dict[str, Any]]) -> str:
         train = statistics.median(r["train_s"]) if r.get("train_s") else None
         lines.append(f"| {r['trainer']} | {r['steps']} | {_fmt(med, '.1f')} | {_fmt(gen, '.1f')} | "
                      f"{_fmt(train, '.1f')} | {_fmt(r['pass_at_1_before'])} | {_fmt(r['pass_at_1_after'])} | "
-                     f"{r['load_average']:.1f} |")
+                     f"{_fmt(r.get('pass_at_1_common'))} | {r['load_average']:.1f} |")
     if medians.get("ours") and medians.get("trl"):
         lines.append(f"\nours / TRL seconds per step: {medians['ours'] / medians['trl']:.3f} (target <= 0.333)")
     return "\n".join(lines)
@@ -114,6 +127,14 @@ def main() -> None:
             results.append(run_ours(a, Path(tmp)))
         if not a.skip_trl:
             results.append(run_trl(a, _model_folder(), Path(tmp)))
+        if not a.skip_eval and results:
+            folders = {"before": Path(_model_folder()), "ours": Path(tmp) / "ours" / "policy",
+                       "trl": Path(tmp) / "trl_policy"}
+            scores = common_eval(a, {k: v for k, v in folders.items() if k == "before" or
+                                     any(r["trainer"] == k for r in results)}, Path(tmp))
+            for r in results:
+                r["pass_at_1_common"] = scores[r["trainer"]]
+            sys.stdout.write(f"common evaluator: pass@1 {scores['before']:.3f} before training\n")
     sys.stdout.write(report(results) + "\n")
 
 

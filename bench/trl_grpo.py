@@ -54,7 +54,7 @@ def greedy_pass_at_1(model, tokenizer, rows: list[dict], new_tokens: int, grade,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--model", required=True, help="HF folder of the policy")
+    parser.add_argument("--model", default=None, help="HF folder of the policy (required unless --eval-only)")
     parser.add_argument("--train", default=str(ROOT / "data" / "math_train.jsonl"))
     parser.add_argument("--eval", default=str(ROOT / "data" / "math_eval.jsonl"))
     parser.add_argument("--prompts-per-step", type=int, default=4)
@@ -65,8 +65,18 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--skip-eval", action="store_true")
+    parser.add_argument("--save-policy", default=None, help="write the trained policy here (HF folder)")
     parser.add_argument("--out", required=True)
+    parser.add_argument("--eval-only", nargs="+", default=None, metavar="FOLDER",
+                        help="no training: held-out greedy pass@1 of these HF folders (the same evaluator for "
+                             "both trainers' policies)")
     a = parser.parse_args()
+    if a.eval_only:
+        _write_json(a.out, {"pass_at_1": {folder: evaluate_folder(folder, Path(a.eval), a.new_tokens, a.threads)
+                                          for folder in a.eval_only}})
+        return
+    if not a.model:
+        parser.error("--model is required (unless --eval-only)")
 
     import torch
     from datasets import Dataset
@@ -115,9 +125,26 @@ def main() -> None:
     result = {"trainer": "trl", "steps": len(step_times), "seconds_per_step": step_times, "train_wall_s": wall,
               "pass_at_1_before": pass_before, "pass_at_1_after": pass_after, "reward_per_step": rewards,
               "threads": a.threads, "load_average": os.getloadavg()[0]}
-    tmp = Path(a.out + ".tmp")
-    tmp.write_text(json.dumps(result, indent=1))
-    os.replace(tmp, a.out)
+    if a.save_policy:
+        trainer.model.save_pretrained(a.save_policy, safe_serialization=True)
+        tokenizer.save_pretrained(a.save_policy)
+    _write_json(a.out, result)
+
+
+def _write_json(path: str, data: dict) -> None:
+    tmp = Path(path + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+
+
+def evaluate_folder(folder: str, eval_file: Path, new_tokens: int, threads: int) -> float:
+    """Greedy pass@1 of the HF model in `folder` (float32 `model.generate`, its chat template)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(threads)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    return greedy_pass_at_1(model, AutoTokenizer.from_pretrained(folder), _rows(eval_file), new_tokens, _grader())
 
 
 if __name__ == "__main__":

@@ -18,8 +18,7 @@ from pipeline.sinks.jsonl import MetricsJsonl
 from pipeline.stages import STAGES, RolloutContext, StageParts
 from pipeline.stages.log import eval_metrics
 from pipeline.stages.persist import samples_path, write_failed
-from pipeline.stages.train import (export_policy, keep_newest_state, policy_missing, save_trainer,
-                                   trainer_state_dir)
+from pipeline.stages.train import export_policy, policy_missing, save_trainer, trainer_state_dir
 
 __all__ = ["Pipeline", "Schedule", "ROLLOUT_STATE_KEY"]
 
@@ -137,8 +136,6 @@ class Pipeline:
             except OSError as exc:
                 raise write_failed(exc, f"the data-source checkpoint {self.checkpoint_file(rollout_id)}",
                                    rollout_id) from exc
-            if trainer is not None and self.parts.run_dir is not None:
-                keep_newest_state(self.parts.run_dir)
             metrics["perf/stage/checkpoint_time"] = time.perf_counter() - start
         self.emit(rollout_id, metrics)
 

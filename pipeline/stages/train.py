@@ -3,12 +3,11 @@ the new weights, the trainer's metrics join the rollout's.
 
 With `trainer=none` (no trainer part) the stage does nothing. The trainer's state is saved with
 each data-source checkpoint (`save_trainer`, before the data-source file, so a checkpoint on disk
-always has its trainer state) under `<run>/trainer/rollout_<id>/`; once the data-source file is
-written only the newest state stays (`keep_newest_state`). A resume loads the state of the
-checkpoint it continues from and pushes those weights to the engine before the first rollout
-(`restore_trainer`). After the last rollout
-the policy is exported as a plain HF folder `<run>/policy/` (`export_policy`); a resume with no
-rollout left to run exports it when it is missing (the run was killed during the export).
+always has its trainer state) under `<run>/trainer/rollout_<id>/`, keeping the newest
+`TRAINER_STATES_KEPT`. A resume loads the state of the checkpoint it continues from and pushes those weights to the engine before the first rollout
+(`restore_trainer`). After the last rollout the policy is exported as a plain HF folder
+`<run>/policy/` (`export_policy`); a resume with no rollout left to run exports it when it is
+missing (the run was killed during the export).
 Folders half-written by a killed process (`atomic_dir` temp folders under `<run>/trainer/` and
 `<run>/.policy.*`) are removed by the next save or export.
 """
@@ -24,13 +23,13 @@ from pipeline.atomic import prune_numbered_dirs, remove_stale_temp_dirs
 from pipeline.stages.context import RolloutContext, StageParts
 from pipeline.train.sync import push_weights
 
-__all__ = ["TRAINER_STATES_KEPT", "export_policy", "keep_newest_state", "policy_missing", "restore_trainer",
+__all__ = ["TRAINER_STATES_KEPT", "export_policy", "policy_missing", "restore_trainer",
            "save_trainer", "sync_trained_weights", "train_stage", "trainer_state_dir"]
 
 logger = logging.getLogger(__name__)
 
-# trainer state folders kept while a checkpoint is written (a fully fine-tuned policy plus AdamW
-# is ~1.6 GB for SmolLM2-135M); one once it is written
+# trainer state folders kept (a fully fine-tuned SmolLM2-135M plus AdamW is ~1.6 GB): two, so
+# that when resume= skips a damaged newest checkpoint, the one before it still has its state
 TRAINER_STATES_KEPT = 2
 _NAME = re.compile(r"rollout_(-?\d+)")
 
@@ -59,19 +58,12 @@ def trainer_state_dir(run_dir: str, rollout_id: int) -> Path:
 
 def save_trainer(trainer: Any, run_dir: str, rollout_id: int) -> None:
     """Write the trainer state of `rollout_id`, after removing the half-written ones of a killed
-    process; older states beyond the newest TRAINER_STATES_KEPT go (the newest data-source
-    checkpoint still needs the previous one until its successor is written: `keep_newest_state`)."""
+    process; older states beyond the newest TRAINER_STATES_KEPT go."""
     root = Path(run_dir) / "trainer"
     for stale in remove_stale_temp_dirs(root, "rollout_*"):
         logger.info("removed the half-written trainer state %s (left by a killed run)", stale)
     trainer.save(str(trainer_state_dir(run_dir, rollout_id)))
     prune_numbered_dirs(root, _NAME, TRAINER_STATES_KEPT)
-
-
-def keep_newest_state(run_dir: str) -> None:
-    """Once the data-source checkpoint of the newest trainer state is written, the older state
-    is no longer needed: one state (~1.6 GB for a fully fine-tuned SmolLM2) stays at rest."""
-    prune_numbered_dirs(Path(run_dir) / "trainer", _NAME, 1)
 
 
 def restore_trainer(trainer: Any, engine: Any, run_dir: str, rollout_id: int) -> None:

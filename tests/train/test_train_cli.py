@@ -45,12 +45,30 @@ def test_function_trainer_metrics_state_and_resume(data, tmp_path):
     assert [r["train/samples"] for r in rows] == [4.0, 4.0]
     assert [r["train/weight_version"] for r in rows] == [1.0, 2.0]
     assert all("perf/stage/train_time" in r for r in rows)
-    # once a checkpoint is written only its trainer state stays
-    assert sorted(p.name for p in (run / "trainer").iterdir()) == ["rollout_1"]
+    assert sorted(p.name for p in (run / "trainer").iterdir()) == ["rollout_0", "rollout_1"]
     run_cli([f"resume={run}", "num_rollout=3"])
     rows = read_metrics(run / "metrics.jsonl")
     assert [r["train/weight_version"] for r in rows] == [1.0, 2.0, 3.0]
-    assert sorted(p.name for p in (run / "trainer").iterdir()) == ["rollout_2"]
+    # the newest two trainer states are kept
+    assert sorted(p.name for p in (run / "trainer").iterdir()) == ["rollout_1", "rollout_2"]
+
+
+def test_a_damaged_newest_checkpoint_resumes_from_the_one_before_with_its_trainer_state(data, tmp_path):
+    """resume= skips a checkpoint that fails its checksum; the trainer state of the checkpoint
+    before it is still kept, so training continues from there."""
+    run = tmp_path / "run"
+    run_cli(["engine=scripted", "logger=jsonl", f"data_source.path={data}", "rollout_batch_size=2",
+             "n_samples_per_prompt=2", "rollout.progress=false", "rollout.summary=false", "trainer=function",
+             "trainer.train_function_path=tests.plugins.trainer_hooks.count_train_data",
+             "allowed_targets_extra=[tests.]", "num_rollout=3", f"hydra.run.dir={run}"])
+    newest = run / "checkpoints" / "rollout_2.json"
+    newest.write_text(newest.read_text().replace('"epoch_id"', '"epoch_iD"', 1))
+    proc = run_cli([f"resume={run}", "num_rollout=4"])
+    assert "skipping invalid checkpoint" in proc.stdout + proc.stderr
+    rows = read_metrics(run / "metrics.jsonl")
+    # rollouts 2 and 3 trained on top of the state saved with checkpoint 1 (weight version 2)
+    assert [r["train/weight_version"] for r in rows][-2:] == [3.0, 4.0]
+    assert sorted(p.name for p in (run / "trainer").iterdir()) == ["rollout_2", "rollout_3"]
 
 
 def test_trainer_none_is_the_default_and_writes_no_trainer_state(data, tmp_path):
@@ -78,7 +96,8 @@ def test_policy_gradient_on_the_real_model_resumes_bit_identically(data, tmp_pat
               "rollout_max_response_len=6", "rollout.deterministic=true", "rollout.progress=false",
               "rollout.summary=false", "trainer=policy_gradient", "trainer.lr=1e-4", "engine.max_batch_size=4"]
     straight, split = tmp_path / "straight", tmp_path / "split"
-    run_cli(common + ["num_rollout=2", f"hydra.run.dir={straight}"], timeout=600)
+    # save_interval=2: the straight run keeps only the state compared below (disk: 1.6 GB each)
+    run_cli(common + ["num_rollout=2", "save_interval=2", f"hydra.run.dir={straight}"], timeout=600)
     run_cli(common + ["num_rollout=1", f"hydra.run.dir={split}"], timeout=600)
     run_cli([f"resume={split}", "num_rollout=2"], timeout=600)
     a, b = read_metrics(straight / "metrics.jsonl"), read_metrics(split / "metrics.jsonl")
