@@ -57,6 +57,8 @@ def run_ours(a: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
     overrides = ["experiment=learn", f"num_rollout={a.steps}", f"rollout_batch_size={a.prompts_per_step}",
                  f"n_samples_per_prompt={a.n}", f"rollout_max_response_len={a.new_tokens}",
                  f"trainer.lr={a.lr}",
+                 # like for like with TRL: every generated group trains (no dynamic sampling)
+                 "dynamic_filter=none", "rollout.over_sampling=fixed",
                  f"data_source.seed={a.seed}", "logger=jsonl", f"hydra.run.dir={run_dir}"]
     overrides += (["eval_interval=null", "eval_before_train=false"] if a.skip_eval
                   else [f"eval_interval={a.steps}", "eval_before_train=true"])

@@ -141,8 +141,18 @@ def collect_warnings(cfg: dict[str, Any]) -> list[str]:
     """Valid but probably unintended choices in `cfg` (logged by `validate`, not refused)."""
     out: list[str] = []
     _buffer_never_filled(cfg, out)
+    _baseline_eval_replaced(cfg, out)
     out += async_warnings(cfg)
     return out
+
+
+def _baseline_eval_replaced(cfg: dict[str, Any], out: list[str]) -> None:
+    """eval_before_train with eval_interval=1: the baseline and the first scheduled eval share
+    the first rollout's metrics line, and the later one replaces the baseline."""
+    if cfg.get("eval_before_train") is True and cfg.get("eval_interval") == 1 and not cfg.get("resume"):
+        out.append("eval_before_train: true with eval_interval=1: the eval before the first update and the one "
+                   "after the first rollout both go into that rollout's metrics, and the second replaces the "
+                   "first; use eval_interval >= 2 to keep the baseline")
 
 
 def _buffer_never_filled(cfg: dict[str, Any], out: list[str]) -> None:

@@ -202,8 +202,13 @@ class TrainRun(LeftoverGroups):
             self.count[f"dynamic_filter/drop_{verdict.reason or 'filtered'}"] += 1
             self.count["wasted_tokens"] += flight.tokens
             return
-        self.accepted += 1
         self.kept.append(flight)
+        if verdict is not None and not verdict.keep:
+            # kept only because dropping it would leave the batch short: not a pass (the
+            # over-sampling estimate and rollout/filter_pass_rate count passes)
+            self.count["dynamic_filter/kept_insufficient"] += 1
+        else:
+            self.accepted += 1
 
     # ------------------------------------------------------------------ per group / sample
     async def _run_group(self, flight: Flight) -> None:

@@ -93,6 +93,9 @@ def test_keep_when_insufficient(make_rollout, make_source):
     assert group_indices(out) == [0, 2, 4, 5]
     assert out.metrics["rollout/dynamic_filter/drop_odd"] == 2
     assert out.metrics["rollout/groups_submitted"] == 6
+    # g5 is no pass of the filter: the pass rate (and the adaptive estimate) counts 3 of 6
+    assert out.metrics["rollout/dynamic_filter/kept_insufficient"] == 1
+    assert out.metrics["rollout/filter_pass_rate"] == pytest.approx(3 / 6)
     # without the fallback the same filter needs another round
     out2 = make_rollout(dynamic_filter=drop_odd, deterministic=True)(args, 0, make_source(buffered=False))
     assert group_indices(out2) == [0, 2, 4, 6]

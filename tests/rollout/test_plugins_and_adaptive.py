@@ -133,3 +133,24 @@ def test_adaptive_fetches_on_the_projected_count_fixed_on_drops():
     assert ad.fetch_size(4, 4, s, accepted=1, decided=2) == 4
     # once enough is in flight at the observed rate, no fetch is due
     assert ad.shortfall(4, submitted=8, dropped=1, kept=1, accepted=1, decided=2) <= 0
+
+
+def half_with_fallback(args: Any, samples: list, **kw: Any) -> DynamicFilterOutput:
+    out = half(args, samples)
+    out.keep_when_insufficient = True
+    return out
+
+
+def test_adaptive_with_the_fallback_filter_still_learns_the_pass_rate(make_rollout, make_source):
+    """Groups the fallback keeps (the batch could not fill otherwise) are no passes: counted as
+    passes, the estimate would read 100% from a first round of just the batch, no rollout would
+    ever fetch more than the batch, and the filter would never drop a group."""
+    args = make_args(rollout_batch_size=4, n_samples_per_prompt=2, over_sampling_batch_size=16)
+    rollout = make_rollout(dynamic_filter=half_with_fallback, over_sampling="adaptive", deterministic=True)
+    src = make_source(buffered=False)
+    outs = [rollout(args, rid, src) for rid in range(3)]
+    for out in outs:
+        assert out.metrics["rollout/groups_fetched"] > 4
+        assert out.metrics["rollout/filter_pass_rate"] == pytest.approx(0.5, abs=0.1)
+    assert sum(o.metrics.get("rollout/dynamic_filter/drop_odd", 0) for o in outs) >= 6
+    assert sum(sum(g[0].group_index % 2 == 0 for g in o.samples) for o in outs) >= 10  # mostly passes kept

@@ -174,3 +174,11 @@ def test_preflight_warns_when_every_rollout_is_a_checkpoint(tmp_path, caplog):
     assert "train_async" not in caplog.text
     validate(compose_cfg(tmp_path, tmp_path / "run", "train_async=false", "max_weight_staleness=2"))
     assert "max_weight_staleness=2 has no effect without train_async=true" in caplog.text
+
+
+def test_preflight_warns_when_the_baseline_eval_would_be_replaced(tmp_path, caplog):
+    validate(compose_cfg(tmp_path, tmp_path / "run", "eval=engine", "eval_before_train=true", "eval_interval=1"))
+    assert "eval_before_train: true with eval_interval=1" in caplog.text
+    caplog.clear()
+    validate(compose_cfg(tmp_path, tmp_path / "run", "eval=engine", "eval_before_train=true", "eval_interval=2"))
+    assert "eval_before_train" not in caplog.text
