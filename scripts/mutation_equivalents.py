@@ -104,6 +104,8 @@ EQUIVALENT: dict[str, str] = {
         "the temporary umask is set back on the next line and its value is never used: any value reads the old mask"),
     **{f"pipeline.atomic.x_make_temp__mutmut_{i}": "the fchmod failed right after mkstemp made the file, so it exists "
        "and missing_ok is never needed" for i in (15, 17)},
+    "pipeline.atomic.x_prune_numbered_dirs__mutmut_4": (
+        "keep < 0 instead of <= 0: with keep = 0 the slice found[:-0] is empty, so nothing is removed either way"),
     "pipeline.atomic.x_atomic_write_text__mutmut_7": "codec names are case-insensitive: 'UTF-8' is 'utf-8'",
     # pipeline/rollout/dynamic_filters.py
     "pipeline.rollout.dynamic_filters.x_check_reward_nonzero_std_with_fallback__mutmut_6": (

@@ -189,3 +189,23 @@ def test_prune_keeps_the_highest_numbers_not_the_newest_names(tmp_path):
     for name in ("rollout_-1", "rollout_0", "rollout_3"):
         (tmp_path / name).mkdir()
     assert [p.name for p in atomic.prune_numbered_dirs(tmp_path, negative, 1)] == ["rollout_-1", "rollout_0"]
+
+
+def test_a_folder_prune_cannot_remove_is_no_error(tmp_path, monkeypatch):
+    """Pruning old weight or state folders never fails the save that runs it."""
+    import re
+
+    for name in ("v1", "v2"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "model.safetensors").write_bytes(b"weights")
+    real_unlink = os.unlink
+
+    def refuse(path, *a, **kw):  # rmtree unlinks by name relative to a dir fd
+        if str(path).endswith("model.safetensors"):
+            raise PermissionError(f"cannot remove {path}")
+        return real_unlink(path, *a, **kw)
+
+    monkeypatch.setattr(os, "unlink", refuse)
+    assert [p.name for p in atomic.prune_numbered_dirs(tmp_path, re.compile(r"v(\d+)"), 1)] == ["v1"]
+    assert (tmp_path / "v1" / "model.safetensors").is_file()  # the removal really failed
+    assert (tmp_path / "v2" / "model.safetensors").is_file()
