@@ -4,10 +4,10 @@ the new weights, the trainer's metrics join the rollout's.
 With `trainer=none` (no trainer part) the stage does nothing. The trainer's state is saved with
 each data-source checkpoint (`save_trainer`, before the data-source file, so a checkpoint on disk
 always has its trainer state) under `<run>/trainer/rollout_<id>/`, keeping the newest
-`TRAINER_STATES_KEPT`. A resume loads the state of the checkpoint it continues from and pushes those weights to the engine before the first rollout
-(`restore_trainer`). After the last rollout the policy is exported as a plain HF folder
-`<run>/policy/` (`export_policy`); a resume with no rollout left to run exports it when it is
-missing (the run was killed during the export).
+`TRAINER_STATES_KEPT`. A resume loads the state of the checkpoint it continues from and pushes
+those weights to the engine before the first rollout (`restore_trainer`). After the last
+rollout the policy is exported as a plain HF folder `<run>/policy/` (`export_policy`); a resume
+with no rollout left to run exports it when it is missing (the run was killed during the export).
 Folders half-written by a killed process (`atomic_dir` temp folders under `<run>/trainer/` and
 `<run>/.policy.*`) are removed by the next save or export.
 """
