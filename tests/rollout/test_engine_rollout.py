@@ -375,3 +375,17 @@ def test_a_data_source_that_returns_nothing_is_an_error(make_rollout):
 
     with pytest.raises(RuntimeError, match=r"^rollout 3: the data source returned no groups when asked for 2$"):
         make_rollout()(make_args(rollout_batch_size=2), 3, Empty())
+
+
+def test_every_group_kept_only_by_the_fallback_is_counted(make_rollout, make_source):
+    """A filter that passes nothing, with the fallback: the batch fills with groups the filter
+    failed, each counted as kept_insufficient, and the pass rate is 0 (not 1)."""
+
+    def fail_all(args: Any, samples: list[Sample], **kw: Any) -> DynamicFilterOutput:
+        return DynamicFilterOutput(keep=False, reason="none", keep_when_insufficient=True)
+
+    args = make_args(rollout_batch_size=4, over_sampling_batch_size=4)
+    out = make_rollout(dynamic_filter=fail_all, deterministic=True)(args, 0, make_source(buffered=False))
+    assert group_indices(out) == [0, 1, 2, 3]
+    assert out.metrics["rollout/dynamic_filter/kept_insufficient"] == 4
+    assert out.metrics["rollout/filter_pass_rate"] == 0.0
