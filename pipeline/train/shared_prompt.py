@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from pipeline.train.batches import pad_tokens
+
 __all__ = ["group_prompts", "shared_prompt_log_probs"]
 
 
@@ -33,16 +35,6 @@ def group_prompts(tokens: list[torch.Tensor], response_lengths: list[int]) -> tu
     return prompts, group
 
 
-def _right_pad(rows: list[torch.Tensor], width: int) -> tuple[torch.Tensor, torch.Tensor]:
-    ids = torch.zeros((len(rows), width), dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, row in enumerate(rows):
-        n = min(int(row.shape[0]), width)
-        ids[i, :n] = row[:n]
-        mask[i, :n] = 1
-    return ids, mask
-
-
 def shared_prompt_log_probs(model: Any, tokens: list[torch.Tensor], response_lengths: list[int],
                             temperature: float, with_entropy: bool, autocast_dtype: torch.dtype | None = None,
                             ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
@@ -52,7 +44,7 @@ def shared_prompt_log_probs(model: Any, tokens: list[torch.Tensor], response_len
 
     prompts, group = group_prompts(tokens, response_lengths)
     prompt_lengths = [int(p.shape[0]) for p in prompts]
-    prompt_ids, prompt_mask = _right_pad(prompts, max(prompt_lengths))
+    prompt_ids, prompt_mask = pad_tokens(prompts)
     last_positions = sorted({n - 1 for n in prompt_lengths})  # logits predicting each first response token
     responses = [t[int(t.shape[0]) - n:] for t, n in zip(tokens, response_lengths)]
     # a response's last token predicts nothing: the response pass reads all but the last column
@@ -67,7 +59,7 @@ def shared_prompt_log_probs(model: Any, tokens: list[torch.Tensor], response_len
             cache = DynamicCache()
             for layer, kv in enumerate(prompt_cache.layers):
                 cache.update(kv.keys.index_select(0, rows), kv.values.index_select(0, rows), layer)
-            response_ids, response_mask = _right_pad(responses, width)
+            response_ids, response_mask = (x[:, :width] for x in pad_tokens(responses))
             starts = torch.tensor([prompt_lengths[g] for g in group])
             rest_logits = model(input_ids=response_ids, attention_mask=torch.cat([prompt_mask[rows], response_mask], 1),
                                 position_ids=starts.unsqueeze(1) + torch.arange(width), cache=cache,
