@@ -264,9 +264,11 @@ def main() -> None:
     if not a.skip_paths:
         engines = engine_paths.engines(model, compiled=a.compile)
         try:
-            prompts = [list(engine_paths.chat_prompt(next(iter(engines.values())).tokenizer, q))
-                       for q in ("What is 17 + 25? Put the answer in \\boxed{}.", "What is 3 + 58?")]
-            engine_paths.print_paths(engine_paths.bench_paths(engines, prompts, [1, 8, 32, 64], a.tokens, 2))
+            prompts = engine_paths.train_prompts(next(iter(engines.values())).tokenizer)
+            for group in (1, a.n):  # every request its own prompt; GRPO groups (shared prefill)
+                print(f"Batches of {'distinct prompts' if group == 1 else f'{group} samples per prompt'}:\n")
+                engine_paths.print_paths(engine_paths.bench_paths(engines, prompts, [1, 8, 32, 64], a.tokens, 2,
+                                                                  group))
         finally:
             for e in engines.values():
                 e.close()

@@ -73,13 +73,17 @@ async def _batch(engine: Any, prompts: list[list[int]], tokens: int) -> int:
 
 
 def bench_paths(engines_: dict[str, Any], prompts: list[list[int]], batch_sizes: list[int],
-                tokens: int, reps: int) -> list[dict[str, Any]]:
+                tokens: int, reps: int, group: int = 1) -> list[dict[str, Any]]:
     """Rows of (batch, engine, wall tokens/s, tokens/CPU-s, load, first-call seconds) medians
     over `reps`; the first call at each batch size (a 4-token warm-up of the whole batch) pays
-    allocations and, with compile_decode, compilation."""
+    allocations and, with compile_decode, compilation. A batch is `group` seeded samples of each
+    of the first batch / group prompts (1: every request its own prompt; n: GRPO's groups)."""
     rows = []
     for batch in batch_sizes:
-        subset = (prompts * (batch // len(prompts) + 1))[:batch]
+        if -(-batch // group) > len(prompts):
+            raise ValueError(f"batch {batch} in groups of {group} needs {-(-batch // group)} prompts, "
+                             f"got {len(prompts)}")
+        subset = [prompts[i // group] for i in range(batch)]
         first: dict[str, float] = {}
         for label, engine in engines_.items():
             t0 = time.perf_counter()
@@ -146,22 +150,30 @@ def main() -> None:
     p.add_argument("--batches", default="1,8,32,64")
     p.add_argument("--tokens", type=int, default=32)
     p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--group", type=int, default=1, help="samples per prompt in a batch (1: all distinct)")
     p.add_argument("--cli", action="store_true", help="also time `python run.py` before/after")
     p.add_argument("--compile", action="store_true", help="also the default with compile_decode=True")
     a = p.parse_args()
     model = resolve_checkpoint("smollm2-135m-instruct", default_cache_dir())
     engs = engines(model, compiled=a.compile)
     try:
-        tok = next(iter(engs.values())).tokenizer
-        prompts = [chat_prompt(tok, f"What is {a_} + {b_}? Put the answer in \\boxed{{}}.")
-                   for a_, b_ in ((17, 25), (3, 58), (41, 9), (12, 30))]
-        print_paths(bench_paths(engs, prompts, [int(x) for x in a.batches.split(",")], a.tokens, a.reps))
+        prompts = train_prompts(next(iter(engs.values())).tokenizer)
+        print_paths(bench_paths(engs, prompts, [int(x) for x in a.batches.split(",")], a.tokens, a.reps,
+                                a.group))
     finally:
         for e in engs.values():
             e.close()
     if a.cli:
         for label, wall in bench_cli_wall(compiled=a.compile).items():
             print(f"| `python run.py`, {label} | {wall:.1f} s | load {os.getloadavg()[0]:.1f} |")
+
+
+def train_prompts(tok: Any) -> list[list[int]]:
+    """Chat prompt ids of the bundled training questions (data/math_train.jsonl), first 64."""
+    import json
+
+    lines = (ROOT / "data" / "math_train.jsonl").read_text().splitlines()
+    return [chat_prompt(tok, json.loads(line)["input"]) for line in lines if line.strip()][:64]
 
 
 def chat_prompt(tok: Any, question: str) -> list[int]:

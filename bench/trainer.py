@@ -12,6 +12,7 @@ dependency of the project.
 
 Usage: python bench/trainer.py [--steps 5] [--prompts-per-step 4] [--n 4] [--new-tokens 48]
        [--lr 1e-5] [--seed 1] [--skip-trl] [--skip-ours] [--skip-eval]
+       [--ours-override KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def run_ours(a: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
                  f"trainer.lr={a.lr}",
                  # like for like with TRL: every generated group trains (no dynamic sampling)
                  "dynamic_filter=none", "rollout.over_sampling=fixed",
-                 f"data_source.seed={a.seed}", "logger=jsonl", f"hydra.run.dir={run_dir}"]
+                 f"data_source.seed={a.seed}", "logger=jsonl", f"hydra.run.dir={run_dir}", *a.ours_override]
     overrides += (["eval_interval=null", "eval_before_train=false"] if a.skip_eval
                   else [f"eval_interval={a.steps}", "eval_before_train=true"])
     subprocess.run([sys.executable, "run.py", *overrides], check=True, cwd=ROOT)
@@ -121,6 +122,8 @@ def main() -> None:
     parser.add_argument("--skip-trl", action="store_true")
     parser.add_argument("--skip-ours", action="store_true")
     parser.add_argument("--skip-eval", action="store_true", help="no pass@1 (seconds per step only)")
+    parser.add_argument("--ours-override", action="append", default=[], metavar="KEY=VALUE",
+                        help="an extra Hydra override for our run (repeatable), e.g. trainer.bf16=false")
     a = parser.parse_args()
     os.environ.setdefault("WANDB_MODE", "offline")
     results = []

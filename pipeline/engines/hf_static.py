@@ -12,7 +12,8 @@
   reclaimed by one shift when the buffer is full.
 - Decode steps run `hf_lean.LeanDecoder` (4 matmuls per layer, attention over the live columns).
 - Prefill is the transformers forward (as in the legacy path), so a row's prompt cache and its
-  first token are computed exactly as before.
+  first token are computed exactly as before; rows joining together with the same prompt (a
+  GRPO group's n samples) share one prefill row, whose cache and logits each of them copies.
 - Sampling is one batched call (`hf_sampling.sample_batch`).
 """
 
@@ -27,7 +28,7 @@ from pipeline.engines.hf_decode import Row, cache_keyword, finish_check, prefill
 from pipeline.engines.hf_lean import LeanDecoder
 from pipeline.engines.hf_sampling import sample_batch
 
-__all__ = ["StaticDecodeBatch"]
+__all__ = ["StaticDecodeBatch", "distinct_prompts"]
 
 logger = logging.getLogger(__name__)
 
@@ -103,10 +104,16 @@ class StaticDecodeBatch:
     # -- admission -----------------------------------------------------------------------------
 
     def admit(self, new_rows: list[Row]) -> None:
-        """Prefill `new_rows` (transformers forward) and copy their cache into free rows."""
+        """Prefill `new_rows` (transformers forward) and copy their cache into free rows. Rows
+        with the same prompt (the n samples of a GRPO group) share one prefill: its keys,
+        values and first-token logits are copied to each of them."""
         if not new_rows:
             return
-        cache, mask, logits = prefill(self.model, new_rows, self.pad_id, self._cache_kw)
+        distinct, source = distinct_prompts(new_rows)
+        cache, mask, logits = prefill(self.model, distinct, self.pad_id, self._cache_kw)
+        picks = torch.tensor(source)
+        if len(distinct) < len(new_rows):
+            mask, logits = mask[picks], logits[picks]
         width, n, m = mask.shape[1], len(self.rows), len(new_rows)
         if not self.rows:
             self._column = 0
@@ -117,8 +124,8 @@ class StaticDecodeBatch:
         assert self._cache is not None
         lo, hi = self._column - width, self._column
         for i, layer in enumerate(cache.layers):
-            self._cache[0, i, n:n + m, :, lo:hi] = layer.keys
-            self._cache[1, i, n:n + m, :, lo:hi] = layer.values
+            self._cache[0, i, n:n + m, :, lo:hi] = layer.keys[picks]
+            self._cache[1, i, n:n + m, :, lo:hi] = layer.values[picks]
         self._valid[n:n + m] = False
         self._valid[n:n + m, lo:hi] = mask.bool()
         lengths = torch.tensor([len(r.prompt_ids) for r in new_rows])
@@ -176,3 +183,18 @@ class StaticDecodeBatch:
         if not self.rows:
             self._column = 0
         return done
+
+
+def distinct_prompts(rows: list[Row]) -> tuple[list[Row], list[int]]:
+    """The first row of each distinct prompt (in order) and, per row, the index of its prompt
+    among them."""
+    first: dict[tuple[int, ...], int] = {}
+    distinct: list[Row] = []
+    source: list[int] = []
+    for row in rows:
+        key = tuple(row.prompt_ids)
+        if key not in first:
+            first[key] = len(distinct)
+            distinct.append(row)
+        source.append(first[key])
+    return distinct, source

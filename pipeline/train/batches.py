@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["TrainSamples", "micro_batches", "optimizer_steps", "pad_tokens", "response_log_probs"]
+__all__ = ["TrainSamples", "micro_batches", "optimizer_steps", "pad_tokens", "per_sample_log_probs",
+           "response_log_probs"]
 
 
 @dataclass
@@ -107,27 +108,42 @@ def pad_tokens(tokens: list[torch.Tensor], pad_id: int = 0) -> tuple[torch.Tenso
 
 def response_log_probs(model: Any, tokens: list[torch.Tensor], response_lengths: list[int],
                        temperature: float, with_entropy: bool, autocast_dtype: torch.dtype | None = None,
-                       ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
-    """Per sample: log-probs of its response tokens (float32) and optionally the entropy."""
+                       entropy_grad: bool = True) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+    """Per sample: log-probs of its response tokens (float32) and optionally the entropy (with a
+    gradient only when `entropy_grad`)."""
     ids, attention = pad_tokens(tokens)
     width = ids.shape[1]
     first_logit = min(int(t.shape[0]) - n - 1 for t, n in zip(tokens, response_lengths))
     keep = width - first_logit  # logits of positions first_logit .. width - 1
     with torch.autocast("cpu", dtype=autocast_dtype, enabled=autocast_dtype is not None):
         logits = model(input_ids=ids, attention_mask=attention, logits_to_keep=keep, use_cache=False).logits
-    log_probs: list[torch.Tensor] = []
-    entropies: list[torch.Tensor] | None = [] if with_entropy else None
-    for row, (t, n) in enumerate(zip(tokens, response_lengths)):
-        total = int(t.shape[0])
-        start = total - n - 1 - first_logit  # logit predicting the first response token
-        scaled = _at_least_float32(logits[row, start:start + n])
-        if temperature != 1.0:
-            scaled = scaled / temperature
-        logp_all = torch.log_softmax(scaled, dim=-1)
-        log_probs.append(logp_all.gather(-1, t[total - n:].unsqueeze(-1)).squeeze(-1))
-        if entropies is not None:
-            entropies.append(-(logp_all.exp() * logp_all).sum(-1))
-    return log_probs, entropies
+    # row r's response starts at column starts[r] of `logits`; shift every row to column 0 with one
+    # gather so the log-softmax below runs once over [B, longest response, V]
+    starts = torch.tensor([int(t.shape[0]) - n - 1 - first_logit for t, n in zip(tokens, response_lengths)])
+    columns = (starts.unsqueeze(1) + torch.arange(max(response_lengths))).clamp(max=keep - 1)
+    aligned = logits.gather(1, columns.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
+    targets = pad_tokens([t[int(t.shape[0]) - n:] for t, n in zip(tokens, response_lengths)])[0]
+    return per_sample_log_probs(aligned, targets, response_lengths, temperature, with_entropy, entropy_grad)
+
+
+def per_sample_log_probs(logits: torch.Tensor, targets: torch.Tensor, response_lengths: list[int],
+                         temperature: float, with_entropy: bool, entropy_grad: bool,
+                         ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+    """Log-probs of `targets` [B, N] under `logits / temperature` ([B, N, V], position j predicting
+    target j; rows right-padded) and the entropies, computed once for the whole batch and cut
+    to each row's `response_lengths` (one gradient tensor for the batch, not one per sample)."""
+    scaled = _at_least_float32(logits)
+    if temperature != 1.0:
+        scaled = scaled / temperature
+    logp_all = torch.log_softmax(scaled, dim=-1)
+    log_probs = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    out = [log_probs[row, :n] for row, n in enumerate(response_lengths)]
+    if not with_entropy:
+        return out, None
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        source = logp_all if entropy_grad else logp_all.detach()
+        entropy = -(source.exp() * source).sum(-1)
+    return out, [entropy[row, :n] for row, n in enumerate(response_lengths)]
 
 
 def _at_least_float32(x: torch.Tensor) -> torch.Tensor:

@@ -29,12 +29,14 @@ logger = logging.getLogger(__name__)
 
 
 def load_policy(hf_checkpoint: str, cache_dir: str | None, lora_rank: int, lora_alpha: float,
-                lora_dropout: float, lora_target_modules: Any) -> Any:
-    """The policy model in float32, eval mode (no dropout), LoRA-wrapped when lora_rank > 0."""
+                lora_dropout: float, lora_target_modules: Any, attn_implementation: str | None = None) -> Any:
+    """The policy model in float32, eval mode (no dropout), LoRA-wrapped when lora_rank > 0;
+    `attn_implementation` None: transformers' default."""
     from transformers import AutoModelForCausalLM
 
     path = resolve_checkpoint(hf_checkpoint, cache_dir)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    extra = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **extra)
     logger.info("trainer policy loaded from %s", path)
     return wrap_lora(model, lora_rank, lora_alpha, lora_dropout, lora_target_modules)
 

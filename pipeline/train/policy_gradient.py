@@ -111,7 +111,8 @@ class PolicyGradientTrainer:
         if self._model is None:
             k = self.keys
             self._model = policy_model.load_policy(k["hf_checkpoint"], k["cache_dir"], k["lora_rank"],
-                                                   k["lora_alpha"], k["lora_dropout"], k["lora_target_modules"])
+                                                   k["lora_alpha"], k["lora_dropout"], k["lora_target_modules"],
+                                                   k["attn_implementation"])
         elif self.keys["lora_rank"] > 0 and not policy_model.is_lora(self._model):
             k = self.keys
             self._model = policy_model.wrap_lora(self._model, k["lora_rank"], k["lora_alpha"], k["lora_dropout"],
@@ -219,10 +220,12 @@ class PolicyGradientTrainer:
 
     def _log_probs(self, model: Any, tokens: list[torch.Tensor], response_lengths: list[int],
                    with_entropy: bool) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
-        """Response log-probs (and entropies): one forward per distinct prompt when
-        `share_prompt_forward`, else one per sample; equal up to rounding."""
+        """Response log-probs (and entropies, differentiated only when the loss has an entropy
+        term): one forward per distinct prompt when `share_prompt_forward`, else one per sample;
+        equal up to rounding."""
         fn = shared_prompt_log_probs if self.keys["share_prompt_forward"] else batches.response_log_probs
-        return fn(model, tokens, response_lengths, self.keys["rollout_temperature"], with_entropy, self._autocast())
+        return fn(model, tokens, response_lengths, self.keys["rollout_temperature"], with_entropy, self._autocast(),
+                  entropy_grad=float(self.keys["entropy_coef"]) != 0.0)
 
     def _micro_batches(self, samples: batches.TrainSamples, indices: list[int]) -> list[list[int]]:
         k = self.keys

@@ -45,6 +45,10 @@ def trainer_problems(cfg: dict[str, Any]) -> list[str]:
     for key in _NON_NEGATIVE:
         if not _is_number(node.get(key)) or node[key] < 0:
             out.append(f"trainer.{key}={node.get(key)!r}: expected a number >= 0")
+    attn = node.get("attn_implementation")
+    if attn is not None and not isinstance(attn, str):
+        out.append(f"trainer.attn_implementation={attn!r}: expected null (transformers' default) or a name "
+                   "such as eager or sdpa")
     gbs = node.get("global_batch_size")
     if gbs is not None and (not _is_int(gbs) or gbs < 1):
         out.append(f"trainer.global_batch_size={gbs!r}: expected null (the whole rollout) or an integer >= 1")

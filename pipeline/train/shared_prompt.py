@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from pipeline.train.batches import pad_tokens
+from pipeline.train.batches import pad_tokens, per_sample_log_probs
 
-__all__ = ["group_prompts", "shared_prompt_log_probs"]
+__all__ = ["PASS_OVERHEAD_TOKENS", "group_prompts", "length_chunks", "shared_prompt_log_probs"]
 
 
 def group_prompts(tokens: list[torch.Tensor], response_lengths: list[int]) -> tuple[list[torch.Tensor], list[int]]:
@@ -35,11 +35,38 @@ def group_prompts(tokens: list[torch.Tensor], response_lengths: list[int]) -> tu
     return prompts, group
 
 
+# one more response pass costs about as much as this many padded tokens (per-pass overhead of the
+# 30 layers' calls, and smaller matmuls); measured with SmolLM2-135M on this CPU (README)
+PASS_OVERHEAD_TOKENS = 32
+
+
+def length_chunks(response_lengths: list[int], overhead: int) -> list[list[int]]:
+    """Sample indices split into chunks of similar response length, each run as one response
+    pass padded to its own longest: sorted by length, cut where a pass's `overhead` (in tokens)
+    is less than the padding it saves (exact dynamic programme over the cut points)."""
+    order = sorted(range(len(response_lengths)), key=lambda i: response_lengths[i])
+    lengths = [response_lengths[i] for i in order]
+    best = [0] + [float("inf")] * len(order)
+    cut = [0] * (len(order) + 1)
+    for end in range(1, len(order) + 1):  # a chunk order[start:end] is padded to lengths[end - 1]
+        for start in range(end):
+            cost = best[start] + (end - start) * lengths[end - 1] + overhead
+            if cost < best[end]:
+                best[end], cut[end] = cost, start
+    chunks: list[list[int]] = []
+    end = len(order)
+    while end > 0:
+        chunks.append(order[cut[end]:end])
+        end = cut[end]
+    return chunks[::-1]
+
+
 def shared_prompt_log_probs(model: Any, tokens: list[torch.Tensor], response_lengths: list[int],
                             temperature: float, with_entropy: bool, autocast_dtype: torch.dtype | None = None,
-                            ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+                            entropy_grad: bool = True) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
     """Per sample: log-probs of its response tokens (float32) and optionally the entropy of the
-    sampling distribution (`logits / temperature`) at each response position."""
+    sampling distribution (`logits / temperature`) at each response position (with a gradient
+    only when `entropy_grad`)."""
     from transformers import DynamicCache
 
     prompts, group = group_prompts(tokens, response_lengths)
@@ -47,33 +74,38 @@ def shared_prompt_log_probs(model: Any, tokens: list[torch.Tensor], response_len
     prompt_ids, prompt_mask = pad_tokens(prompts)
     last_positions = sorted({n - 1 for n in prompt_lengths})  # logits predicting each first response token
     responses = [t[int(t.shape[0]) - n:] for t, n in zip(tokens, response_lengths)]
-    # a response's last token predicts nothing: the response pass reads all but the last column
-    width = max(response_lengths) - 1
+    log_probs: list[torch.Tensor] = [torch.empty(0)] * len(tokens)
+    entropies: list[torch.Tensor] | None = [torch.empty(0)] * len(tokens) if with_entropy else None
+    chunk_logits: list[tuple[list[int], torch.Tensor]] = []
     with torch.autocast("cpu", dtype=autocast_dtype, enabled=autocast_dtype is not None):
         prompt_cache = DynamicCache()
         first_logits = model(input_ids=prompt_ids, attention_mask=prompt_mask, cache=prompt_cache, use_cache=True,
                              logits_to_keep=torch.tensor(last_positions)).logits  # [prompts, positions, vocab]
-        rest_logits = None
-        if width > 0:
-            rows = torch.tensor(group)
-            cache = DynamicCache()
-            for layer, kv in enumerate(prompt_cache.layers):
-                cache.update(kv.keys.index_select(0, rows), kv.values.index_select(0, rows), layer)
-            response_ids, response_mask = (x[:, :width] for x in pad_tokens(responses))
-            starts = torch.tensor([prompt_lengths[g] for g in group])
-            rest_logits = model(input_ids=response_ids, attention_mask=torch.cat([prompt_mask[rows], response_mask], 1),
-                                position_ids=starts.unsqueeze(1) + torch.arange(width), cache=cache,
-                                use_cache=True).logits  # [samples, width, vocab]
-    log_probs: list[torch.Tensor] = []
-    entropies: list[torch.Tensor] | None = [] if with_entropy else None
-    for i, (response, n) in enumerate(zip(responses, response_lengths)):
-        first = first_logits[group[i], last_positions.index(prompt_lengths[group[i]] - 1)].unsqueeze(0)
-        logits = first if n == 1 else torch.cat([first, rest_logits[i, : n - 1]])  # type: ignore[index]
-        scaled = logits.to(torch.promote_types(logits.dtype, torch.float32))
-        if temperature != 1.0:
-            scaled = scaled / temperature
-        logp_all = torch.log_softmax(scaled, dim=-1)
-        log_probs.append(logp_all.gather(-1, response.unsqueeze(-1)).squeeze(-1))
-        if entropies is not None:
-            entropies.append(-(logp_all.exp() * logp_all).sum(-1))
+        for chunk in length_chunks(response_lengths, PASS_OVERHEAD_TOKENS):
+            rows = torch.tensor([group[i] for i in chunk])
+            lengths = [response_lengths[i] for i in chunk]
+            # the logits predicting each sample's first response token
+            logits = first_logits[rows, torch.tensor([last_positions.index(prompt_lengths[group[i]] - 1)
+                                                      for i in chunk])].unsqueeze(1)
+            # a response's last token predicts nothing: the pass reads all but the chunk's last column
+            width = max(lengths) - 1
+            if width > 0:
+                cache = DynamicCache()
+                for layer, kv in enumerate(prompt_cache.layers):
+                    cache.update(kv.keys.index_select(0, rows), kv.values.index_select(0, rows), layer)
+                response_ids, response_mask = (x[:, :width] for x in pad_tokens([responses[i] for i in chunk]))
+                starts = torch.tensor([prompt_lengths[group[i]] for i in chunk])
+                rest = model(input_ids=response_ids, attention_mask=torch.cat([prompt_mask[rows], response_mask], 1),
+                             position_ids=starts.unsqueeze(1) + torch.arange(width), cache=cache,
+                             use_cache=True).logits  # [chunk, width, vocab]
+                logits = torch.cat([logits, rest], 1)
+            chunk_logits.append((chunk, logits))
+    for chunk, logits in chunk_logits:  # outside autocast: the log-softmax runs in float32
+        lengths = [response_lengths[i] for i in chunk]
+        lps, ents = per_sample_log_probs(logits, pad_tokens([responses[i] for i in chunk])[0], lengths,
+                                         temperature, with_entropy, entropy_grad)
+        for k, i in enumerate(chunk):
+            log_probs[i] = lps[k]
+            if entropies is not None and ents is not None:
+                entropies[i] = ents[k]
     return log_probs, entropies

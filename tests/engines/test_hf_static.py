@@ -285,3 +285,56 @@ def test_compiled_decode_matches_eager_and_sees_in_place_weight_updates(model_pa
         a, b = eager.step(*_step_inputs(eager, 3, 12)), compiled.step(*_step_inputs(eager, 3, 12))
     assert (b - before).abs().max() > 1e-2  # the compiled step saw the new weights
     assert torch.allclose(a, b, atol=2e-3, rtol=0)
+
+
+def test_distinct_prompts_keep_first_seen_order() -> None:
+    rows = [hf_static.Row(str(i), p, SamplingParams(), 4, torch.Generator(), frozenset(), lambda r: None)
+            for i, p in enumerate([[1, 2], [3], [1, 2], [1, 2, 3], [3]])]
+    distinct, source = hf_static.distinct_prompts(rows)
+    assert [r.request_id for r in distinct] == ["0", "1", "3"]
+    assert source == [0, 1, 0, 2, 1]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_group_sharing_one_prefill_samples_as_each_row_alone(model_path: str,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """4 seeded samples of one prompt and one of another join together: one prefill row per
+    prompt, and every row's tokens and log-probs are those it gets alone (float32)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from pipeline.engines.hf_lean import LeanDecoder
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(model_path)
+    prefilled: list[int] = []
+    real_prefill = hf_static.prefill
+
+    def counting_prefill(model, rows, pad_id, cache_kw):  # type: ignore[no-untyped-def]
+        prefilled.append(len(rows))
+        return real_prefill(model, rows, pad_id, cache_kw)
+
+    monkeypatch.setattr(hf_static, "prefill", counting_prefill)
+    prompts = [chat_ids(tok, "What is 7 + 5?")] * 4 + [chat_ids(tok, "Name a colour.")]
+
+    def rows() -> list:
+        return [hf_static.Row(str(i), p, SamplingParams(temperature=1.0), 10, torch.Generator().manual_seed(i),
+                              frozenset(), lambda r: None) for i, p in enumerate(prompts)]
+
+    def generate(batch_rows: list) -> list:
+        batch = hf_static.StaticDecodeBatch(model, tok, tok.pad_token_id, LeanDecoder(model))
+        with torch.inference_mode():
+            batch.admit(batch_rows)
+            batch.release_finished()
+            while len(batch):
+                batch.decode()
+                batch.release_finished()
+        return batch_rows
+
+    together = generate(rows())
+    assert prefilled == [2]
+    alone = [generate([row])[0] for row in rows()]
+    assert len({tuple(r.output_ids) for r in together[:4]}) > 1  # the group's samples differ
+    for a, b in zip(together, alone):
+        assert a.output_ids == b.output_ids
+        assert torch.allclose(torch.tensor(a.log_probs), torch.tensor(b.log_probs), atol=1e-4)

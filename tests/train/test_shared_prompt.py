@@ -7,7 +7,8 @@ import torch
 
 from pipeline.train.batches import response_log_probs
 from pipeline.train.policy_gradient import PolicyGradientTrainer
-from pipeline.train.shared_prompt import group_prompts, shared_prompt_log_probs
+import pipeline.train.shared_prompt as shared_prompt
+from pipeline.train.shared_prompt import group_prompts, length_chunks, shared_prompt_log_probs
 from trainer_fixtures import tiny_llama, yaml_keys
 
 torch.set_num_threads(1)
@@ -32,8 +33,39 @@ def test_group_prompts_keeps_first_seen_order():
     assert all(torch.equal(tokens[i][: len(tokens[i]) - lengths[i]], prompts[group[i]]) for i in range(len(tokens)))
 
 
+def padded_cost(chunks, lengths, overhead):
+    return sum(len(c) * max(lengths[i] for i in c) + overhead for c in chunks)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_length_chunks_cover_every_sample_once_at_the_least_padded_cost(seed):
+    import itertools
+    import random
+
+    rng = random.Random(seed)
+    lengths = [rng.choice([1, 2, 3, 8, 16, 48]) for _ in range(rng.randint(1, 7))]
+    overhead = rng.choice([0, 5, 32])
+    chunks = length_chunks(lengths, overhead)
+    assert sorted(i for c in chunks for i in c) == list(range(len(lengths)))
+    # the best split of the length-sorted order, by brute force over every set of cut points
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    best = min(padded_cost([order[a:b] for a, b in zip((0, *cuts), (*cuts, len(order)))], lengths, overhead)
+               for k in range(len(order)) for cuts in itertools.combinations(range(1, len(order)), k))
+    assert padded_cost(chunks, lengths, overhead) == best
+
+
+def test_length_chunks_split_by_length_only_where_padding_costs_more_than_a_pass():
+    lengths = [48, 2, 3, 48, 2, 47]
+    assert length_chunks(lengths, 10 ** 6) == [[1, 4, 2, 5, 0, 3]]  # one pass: sorted, stable
+    assert length_chunks(lengths, 32) == [[1, 4, 2], [5, 0, 3]]
+    assert length_chunks(lengths, 0) == [[1, 4], [2], [5], [0, 3]]
+    assert length_chunks([], 32) == []
+
+
+@pytest.mark.parametrize("overhead", [10 ** 6, 0])  # one response pass; a pass per response length
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_log_probs_entropies_and_gradients_equal_the_per_sample_pass(temperature):
+def test_log_probs_entropies_and_gradients_equal_the_per_sample_pass(temperature, overhead, monkeypatch):
+    monkeypatch.setattr(shared_prompt, "PASS_OVERHEAD_TOKENS", overhead)
     model = tiny_llama()
     tokens, lengths = grouped_samples()
     weights = [torch.randn(n, generator=torch.Generator().manual_seed(i), dtype=torch.float64)
@@ -67,6 +99,17 @@ def test_lora_model_and_no_grad_agree():
         shared, none = shared_prompt_log_probs(model, tokens, lengths, 1.0, False)
     assert none is None
     assert torch.allclose(torch.cat(per_sample), torch.cat(shared), rtol=0, atol=1e-12)
+
+
+def test_entropy_without_a_gradient_when_the_loss_has_no_entropy_term():
+    model = tiny_llama()
+    tokens, lengths = grouped_samples()
+    for fn in (response_log_probs, shared_prompt_log_probs):
+        log_probs, with_grad = fn(model, tokens, lengths, 1.0, True)
+        _, without = fn(model, tokens, lengths, 1.0, True, entropy_grad=False)
+        assert all(lp.requires_grad for lp in log_probs) and all(e.requires_grad for e in with_grad)
+        assert not any(e.requires_grad for e in without)
+        assert torch.equal(torch.cat(with_grad).detach(), torch.cat(without))
 
 
 def test_a_training_step_lands_on_the_same_weights():

@@ -42,3 +42,10 @@ def test_switches_must_be_booleans():
     assert problems == ["trainer.bf16='no': expected true or false",
                         "trainer.share_prompt_forward=1: expected true or false",
                         "trainer.use_tis=None: expected true or false"]
+
+
+def test_attention_implementation_is_a_name_or_null():
+    assert trainer_problems(node(attn_implementation=None)) == []
+    assert trainer_problems(node(attn_implementation="sdpa")) == []
+    assert trainer_problems(node(attn_implementation=1)) == [
+        "trainer.attn_implementation=1: expected null (transformers' default) or a name such as eager or sdpa"]

@@ -38,6 +38,7 @@ def test_policy_gradient_steps_on_smollm2_follow_the_reward(bf16):
             "loss_masks": [[1] * len(good), [1] * len(bad)], "rewards": [1.0, -1.0]}
     trainer = PolicyGradientTrainer(**yaml_keys(hf_checkpoint="smollm2-135m-instruct", cache_dir=cache,
                                                 num_threads=2, lr=2e-5, micro_batch_size=2, bf16=bf16))
+    assert trainer.model.config._attn_implementation == "eager"  # conf/trainer/policy_gradient.yaml
     before = trainer.prepare(data).old_log_probs
     for rollout_id in range(2):
         metrics = trainer.train(rollout_id, data)
