@@ -85,7 +85,10 @@ MODULES: dict[str, tuple[list[str], list[str] | None]] = {
     # one micro-batch's loss and metrics (the order of slime's policy_loss_function)
     "pipeline/train/objective.py": (["tests/train/test_objective.py", "tests/train/test_policy_gradient.py"], None),
     # samples from train data, optimizer steps, micro-batches, padding, response log-probs
-    "pipeline/train/batches.py": (["tests/train/test_batches.py", "tests/train/test_policy_gradient.py"], None),
+    "pipeline/train/batches.py": (["tests/train/test_batches.py", "tests/train/test_policy_gradient.py",
+                                   "tests/train/test_shared_prompt.py"], None),
+    # one prompt forward per group, responses in passes of similar length (equal to the per-sample pass)
+    "pipeline/train/shared_prompt.py": (["tests/train/test_shared_prompt.py", "tests/train/test_batches.py"], None),
     # the allowlist part of the plugin table (moved from pipeline/config.py)
     "pipeline/plugins.py": (["tests/test_allowlist.py", "tests/test_security.py",
                              "tests/test_config.py"],

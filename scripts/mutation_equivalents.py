@@ -133,9 +133,17 @@ EQUIVALENT: dict[str, str] = {
         "its length for any initial value <= 2 (a sample has a prompt and a response token)"),
     **{f"pipeline.train.batches.x_pad_tokens__mutmut_{i}": "torch.full with an int fill value is int64 (torch.long) "
        "already" for i in (9, 12)},
-    **{f"pipeline.train.batches.x_response_log_probs__mutmut_{i}": "the logits of one sample are [n, vocab] and its "
-       "response ids [n]: dim 1 is dim -1 there (and unsqueeze(1) of a 1-D tensor is unsqueeze(-1))"
-       for i in (66, 74, 78, 80, 87)},
+    "pipeline.train.batches.x_response_log_probs__mutmut_58": (
+        "the last kept column (the last position) predicts no token: a real response column is at most keep - 2, "
+        "so clamping the padding columns at keep - 2 instead of keep - 1 only changes columns that are cut away"),
+    # pipeline/train/shared_prompt.py
+    "pipeline.train.shared_prompt.x_length_chunks__mutmut_10": (
+        "best[0] = 1 adds the same 1 to the cost of every split, so the least-cost split is the same"),
+    "pipeline.train.shared_prompt.x_length_chunks__mutmut_12": (
+        "cut[0] is never read: the walk back from the end stops when it reaches 0"),
+    **{f"pipeline.train.shared_prompt.x_shared_prompt_log_probs__mutmut_{i}": "the prompts are right-padded: under "
+       "causal attention no real prompt token sees the padding after it and positions count from 0 either way, so "
+       "the prompt pass needs no mask; the response passes mask the padded prompt keys" for i in (39, 43)},
     # pipeline/plugins.py (the allowlist, run as pipeline/config.py before it moved: re-check the numbers)
     **{f"pipeline.plugins.x_load_object__mutmut_{i}": "the inner load_object one level up only tries; its `where` "
        "reaches nothing but its own error message, which `except Exception: pass` drops" for i in (31, 34)},

@@ -140,9 +140,8 @@ def per_sample_log_probs(logits: torch.Tensor, targets: torch.Tensor, response_l
     out = [log_probs[row, :n] for row, n in enumerate(response_lengths)]
     if not with_entropy:
         return out, None
-    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-        source = logp_all if entropy_grad else logp_all.detach()
-        entropy = -(source.exp() * source).sum(-1)
+    source = logp_all if entropy_grad else logp_all.detach()
+    entropy = -(source.exp() * source).sum(-1)
     return out, [entropy[row, :n] for row, n in enumerate(response_lengths)]
 
 

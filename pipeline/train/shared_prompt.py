@@ -5,7 +5,8 @@ each sequence (SmolLM2's chat template plus a question: ~47 tokens before a 16-t
 `shared_prompt_log_probs` runs the model once over the distinct prompts (right-padded, with a KV
 cache), gathers each sample's prompt keys and values from that cache (`index_select`, so the
 gradient of every sample flows back into its prompt's single computation) and runs only the
-responses on top, at their true positions. The result equals `batches.response_log_probs` up to
+responses on top, at their true positions, in passes of similar response length
+(`length_chunks`), so short answers are not padded to the longest one of the micro-batch. The result equals `batches.response_log_probs` up to
 floating-point rounding (the same arithmetic in other batch shapes); gradients likewise.
 """
 
@@ -46,13 +47,12 @@ def length_chunks(response_lengths: list[int], overhead: int) -> list[list[int]]
     is less than the padding it saves (exact dynamic programme over the cut points)."""
     order = sorted(range(len(response_lengths)), key=lambda i: response_lengths[i])
     lengths = [response_lengths[i] for i in order]
-    best = [0] + [float("inf")] * len(order)
-    cut = [0] * (len(order) + 1)
+    best = [0]  # best[k]: the least cost of order[:k]; cut[k]: where its last chunk starts
+    cut = [0]
     for end in range(1, len(order) + 1):  # a chunk order[start:end] is padded to lengths[end - 1]
-        for start in range(end):
-            cost = best[start] + (end - start) * lengths[end - 1] + overhead
-            if cost < best[end]:
-                best[end], cut[end] = cost, start
+        cost, start = min((best[s] + (end - s) * lengths[end - 1] + overhead, s) for s in range(end))
+        best.append(cost)
+        cut.append(start)
     chunks: list[list[int]] = []
     end = len(order)
     while end > 0:
@@ -74,12 +74,12 @@ def shared_prompt_log_probs(model: Any, tokens: list[torch.Tensor], response_len
     prompt_ids, prompt_mask = pad_tokens(prompts)
     last_positions = sorted({n - 1 for n in prompt_lengths})  # logits predicting each first response token
     responses = [t[int(t.shape[0]) - n:] for t, n in zip(tokens, response_lengths)]
-    log_probs: list[torch.Tensor] = [torch.empty(0)] * len(tokens)
-    entropies: list[torch.Tensor] | None = [torch.empty(0)] * len(tokens) if with_entropy else None
+    log_probs: dict[int, torch.Tensor] = {}
+    entropies: dict[int, torch.Tensor] = {}
     chunk_logits: list[tuple[list[int], torch.Tensor]] = []
     with torch.autocast("cpu", dtype=autocast_dtype, enabled=autocast_dtype is not None):
         prompt_cache = DynamicCache()
-        first_logits = model(input_ids=prompt_ids, attention_mask=prompt_mask, cache=prompt_cache, use_cache=True,
+        first_logits = model(input_ids=prompt_ids, attention_mask=prompt_mask, cache=prompt_cache,
                              logits_to_keep=torch.tensor(last_positions)).logits  # [prompts, positions, vocab]
         for chunk in length_chunks(response_lengths, PASS_OVERHEAD_TOKENS):
             rows = torch.tensor([group[i] for i in chunk])
@@ -96,16 +96,15 @@ def shared_prompt_log_probs(model: Any, tokens: list[torch.Tensor], response_len
                 response_ids, response_mask = (x[:, :width] for x in pad_tokens([responses[i] for i in chunk]))
                 starts = torch.tensor([prompt_lengths[group[i]] for i in chunk])
                 rest = model(input_ids=response_ids, attention_mask=torch.cat([prompt_mask[rows], response_mask], 1),
-                             position_ids=starts.unsqueeze(1) + torch.arange(width), cache=cache,
-                             use_cache=True).logits  # [chunk, width, vocab]
+                             position_ids=starts.unsqueeze(1) + torch.arange(width),
+                             cache=cache).logits  # [chunk, width, vocab]
                 logits = torch.cat([logits, rest], 1)
             chunk_logits.append((chunk, logits))
     for chunk, logits in chunk_logits:  # outside autocast: the log-softmax runs in float32
         lengths = [response_lengths[i] for i in chunk]
         lps, ents = per_sample_log_probs(logits, pad_tokens([responses[i] for i in chunk])[0], lengths,
                                          temperature, with_entropy, entropy_grad)
-        for k, i in enumerate(chunk):
-            log_probs[i] = lps[k]
-            if entropies is not None and ents is not None:
-                entropies[i] = ents[k]
-    return log_probs, entropies
+        log_probs.update(zip(chunk, lps))
+        entropies.update(zip(chunk, ents or ()))
+    order = range(len(tokens))
+    return [log_probs[i] for i in order], [entropies[i] for i in order] if with_entropy else None

@@ -101,6 +101,28 @@ def test_lora_model_and_no_grad_agree():
     assert torch.allclose(torch.cat(per_sample), torch.cat(shared), rtol=0, atol=1e-12)
 
 
+def test_group_prompts_refuses_lists_of_different_lengths():
+    tokens, lengths = grouped_samples()
+    with pytest.raises(ValueError):
+        group_prompts(tokens, lengths[:-1])
+
+
+def test_autocast_runs_every_pass_in_the_asked_precision():
+    """float32 weights under float16 / bfloat16 autocast: the shared pass matches the per-sample
+    pass in the same precision, and each precision really changes the result."""
+    model = tiny_llama(torch.float32)
+    tokens, lengths = grouped_samples()
+    results = {}
+    with torch.no_grad():
+        for dtype in (None, torch.float16, torch.bfloat16):
+            per_sample = torch.cat(response_log_probs(model, tokens, lengths, 1.0, False, dtype)[0])
+            shared = torch.cat(shared_prompt_log_probs(model, tokens, lengths, 1.0, False, dtype)[0])
+            assert torch.allclose(shared, per_sample, rtol=0, atol=1e-6), dtype
+            results[dtype] = shared
+    assert (results[torch.float16] - results[None]).abs().max() > 1e-5
+    assert (results[torch.float16] - results[torch.bfloat16]).abs().max() > 1e-4
+
+
 def test_entropy_without_a_gradient_when_the_loss_has_no_entropy_term():
     model = tiny_llama()
     tokens, lengths = grouped_samples()
