@@ -111,8 +111,9 @@ class StaticDecodeBatch:
             return
         distinct, source = distinct_prompts(new_rows)
         cache, mask, logits = prefill(self.model, distinct, self.pad_id, self._cache_kw)
+        shared = len(distinct) < len(new_rows)
         picks = torch.tensor(source)
-        if len(distinct) < len(new_rows):
+        if shared:
             mask, logits = mask[picks], logits[picks]
         width, n, m = mask.shape[1], len(self.rows), len(new_rows)
         if not self.rows:
@@ -124,8 +125,8 @@ class StaticDecodeBatch:
         assert self._cache is not None
         lo, hi = self._column - width, self._column
         for i, layer in enumerate(cache.layers):
-            self._cache[0, i, n:n + m, :, lo:hi] = layer.keys[picks]
-            self._cache[1, i, n:n + m, :, lo:hi] = layer.values[picks]
+            self._cache[0, i, n:n + m, :, lo:hi] = layer.keys[picks] if shared else layer.keys
+            self._cache[1, i, n:n + m, :, lo:hi] = layer.values[picks] if shared else layer.values
         self._valid[n:n + m] = False
         self._valid[n:n + m, lo:hi] = mask.bool()
         lengths = torch.tensor([len(r.prompt_ids) for r in new_rows])

@@ -76,7 +76,8 @@ def shared_prompt_log_probs(model: Any, tokens: list[torch.Tensor], response_len
     responses = [t[int(t.shape[0]) - n:] for t, n in zip(tokens, response_lengths)]
     log_probs: dict[int, torch.Tensor] = {}
     entropies: dict[int, torch.Tensor] = {}
-    chunk_logits: list[tuple[list[int], torch.Tensor]] = []
+    # per response pass: its samples, their lengths, right-padded response ids and logits
+    passes: list[tuple[list[int], list[int], torch.Tensor, torch.Tensor]] = []
     with torch.autocast("cpu", dtype=autocast_dtype, enabled=autocast_dtype is not None):
         prompt_cache = DynamicCache()
         first_logits = model(input_ids=prompt_ids, attention_mask=prompt_mask, cache=prompt_cache,
@@ -89,21 +90,20 @@ def shared_prompt_log_probs(model: Any, tokens: list[torch.Tensor], response_len
                                                       for i in chunk])].unsqueeze(1)
             # a response's last token predicts nothing: the pass reads all but the chunk's last column
             width = max(lengths) - 1
+            padded, padded_mask = pad_tokens([responses[i] for i in chunk])
             if width > 0:
                 cache = DynamicCache()
                 for layer, kv in enumerate(prompt_cache.layers):
                     cache.update(kv.keys.index_select(0, rows), kv.values.index_select(0, rows), layer)
-                response_ids, response_mask = (x[:, :width] for x in pad_tokens([responses[i] for i in chunk]))
+                response_ids, response_mask = padded[:, :width], padded_mask[:, :width]
                 starts = torch.tensor([prompt_lengths[group[i]] for i in chunk])
                 rest = model(input_ids=response_ids, attention_mask=torch.cat([prompt_mask[rows], response_mask], 1),
                              position_ids=starts.unsqueeze(1) + torch.arange(width),
                              cache=cache).logits  # [chunk, width, vocab]
                 logits = torch.cat([logits, rest], 1)
-            chunk_logits.append((chunk, logits))
-    for chunk, logits in chunk_logits:  # outside autocast: the log-softmax runs in float32
-        lengths = [response_lengths[i] for i in chunk]
-        lps, ents = per_sample_log_probs(logits, pad_tokens([responses[i] for i in chunk])[0], lengths,
-                                         temperature, with_entropy, entropy_grad)
+            passes.append((chunk, lengths, padded, logits))
+    for chunk, lengths, padded, logits in passes:  # outside autocast: the log-softmax runs in float32
+        lps, ents = per_sample_log_probs(logits, padded, lengths, temperature, with_entropy, entropy_grad)
         log_probs.update(zip(chunk, lps))
         entropies.update(zip(chunk, ents or ()))
     order = range(len(tokens))
