@@ -6,7 +6,7 @@
   on the spot (`os.mkdir` is atomic), so two runs started in the same second get two run dirs.
   Cached per config (and copied into each sweep job's config by Hydra, as `${now:}` is).
 * `${pick:flag,a,b}`: `a` if `flag` is true, else `b` (e.g. the hf engine's dtype: float32 in
-  deterministic mode, bfloat16 otherwise).
+  deterministic mode, auto otherwise).
 """
 
 from __future__ import annotations

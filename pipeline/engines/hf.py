@@ -27,8 +27,10 @@ with a warning) and "legacy" (`hf_decode.DecodeBatch`: the transformers forward 
 `DynamicCache`, padded and concatenated as rows join). `compile_decode` runs the static path's
 per-layer step through `torch.compile` (one graph for all layers; off by default: see the
 README's performance section for compile time against gain). Both prefill with the transformers
-forward. `dtype` bfloat16 roughly doubles throughput at batch >= 8 on AVX-512 BF16 CPUs; float32
-is the exact reference (greedy outputs of both paths agree on the bundled eval prompts).
+forward. `dtype` bfloat16 roughly doubles throughput at batch >= 8 on AVX-512 BF16 CPUs and is
+many times slower on CPUs without bfloat16 kernels; "auto" (the default) picks it only where it
+is fast (`pipeline.precision`). float32 is the exact reference (greedy outputs of both paths
+agree on the bundled eval prompts).
 """
 
 from __future__ import annotations
@@ -49,13 +51,15 @@ from pipeline.engines.hf_decode import DecodeBatch, Row, log_probs_alone
 from pipeline.engines.hf_lean import LeanDecoder, supports
 from pipeline.engines.hf_static import StaticDecodeBatch
 from pipeline.engines.weight_sync import copy_into_model, versions_per_token
+from pipeline.precision import AUTO, resolve_dtype
 
 __all__ = ["HFEngine", "DECODE_IMPLS", "DTYPES"]
 
 # "static": pre-allocated KV cache, lean decode step, batched sampling (hf_static); "legacy":
 # the original DynamicCache path (hf_decode.DecodeBatch), kept for comparison and other models
 DECODE_IMPLS = frozenset({"static", "legacy"})
-DTYPES = frozenset({"float32", "bfloat16", "float16"})
+# "auto": bfloat16 where this CPU has fast bfloat16 kernels, else float32 (pipeline.precision)
+DTYPES = frozenset({"float32", "bfloat16", "float16", AUTO})
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +93,8 @@ class HFEngine:
         self.num_threads = num_threads
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_s
-        self.dtype = dtype
+        # the resolved name ("auto" becomes float32 or bfloat16 here)
+        self.dtype = resolve_dtype(dtype)
         self.attn_implementation = attn_implementation
         self.trust_remote_code = trust_remote_code
         self.decode_impl = decode_impl

@@ -30,6 +30,7 @@ import torch
 from pipeline.config import SlimeArgs
 from pipeline.engines.assets import resolve_checkpoint
 from pipeline.plugins import allowed_targets, load_object
+from pipeline.precision import resolve_bf16
 from pipeline.train import batches, model as policy_model
 from pipeline.train.losses import KL_LOSS_TYPES, LOSS_AGG_MODES, batch_normalizer, sample_mean_reducer
 from pipeline.train.objective import LossHooks, MicroBatch, policy_loss
@@ -65,6 +66,8 @@ class PolicyGradientTrainer:
     def __init__(self, *, args: Any = None, model: Any = None, **keys: Any) -> None:
         self.keys = dict(keys)
         k = self.keys
+        # "auto": bf16 autocast only where this CPU has fast bfloat16 kernels (pipeline.precision)
+        k["bf16"] = resolve_bf16(k["bf16"])
         if k["kl_loss_type"] not in KL_LOSS_TYPES:
             raise ValueError(f"trainer.kl_loss_type must be one of {list(KL_LOSS_TYPES)}, got {k['kl_loss_type']!r}")
         if k["loss_agg_mode"] not in LOSS_AGG_MODES:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline.engines.preflight import has_trainer
+from pipeline.precision import AUTO
 from pipeline.train.choices import KL_LOSS_TYPES, LOSS_AGG_MODES, LR_DECAY_STYLES
 
 __all__ = ["async_problems", "async_warnings", "trainer_problems"]
@@ -15,7 +16,7 @@ _FUNCTION = "pipeline.train.function.FunctionTrainer"
 _CHOICES = {"kl_loss_type": KL_LOSS_TYPES, "loss_agg_mode": LOSS_AGG_MODES, "lr_decay_style": LR_DECAY_STYLES,
             "loss_type": ("policy_loss", "custom_loss")}
 _POSITIVE_INTS = ("micro_batch_size", "num_threads")
-_BOOLEANS = ("bf16", "share_prompt_forward", "use_dynamic_batch_size", "use_kl_loss", "use_unbiased_kl",
+_BOOLEANS = ("share_prompt_forward", "use_dynamic_batch_size", "use_kl_loss", "use_unbiased_kl",
              "use_rollout_logprobs", "use_tis")
 _NON_NEGATIVE = ("lr", "min_lr", "weight_decay", "clip_grad", "eps_clip", "entropy_coef", "kl_loss_coef",
                  "tis_clip_low", "lr_warmup_iters", "lora_rank")
@@ -39,6 +40,8 @@ def trainer_problems(cfg: dict[str, Any]) -> list[str]:
     for key in _POSITIVE_INTS:
         if not _is_int(node.get(key)) or node[key] < 1:
             out.append(f"trainer.{key}={node.get(key)!r}: expected an integer >= 1")
+    if not isinstance(node.get("bf16"), bool) and node.get("bf16") != AUTO:
+        out.append(f"trainer.bf16={node.get('bf16')!r}: expected true, false or auto")
     for key in _BOOLEANS:
         if not isinstance(node.get(key), bool):
             out.append(f"trainer.{key}={node.get(key)!r}: expected true or false")

@@ -37,9 +37,11 @@ def test_dr_grpo_needs_a_length_and_function_needs_a_path():
 
 
 def test_switches_must_be_booleans():
-    """`bf16: "no"` would be truthy: every on/off key of the trainer takes true or false only."""
+    """`bf16: "no"` would be truthy: every on/off key of the trainer takes true or false only
+    (bf16 also auto)."""
+    assert trainer_problems(node(bf16="auto")) == []
     problems = trainer_problems(node(bf16="no", share_prompt_forward=1, use_tis=None))
-    assert problems == ["trainer.bf16='no': expected true or false",
+    assert problems == ["trainer.bf16='no': expected true, false or auto",
                         "trainer.share_prompt_forward=1: expected true or false",
                         "trainer.use_tis=None: expected true or false"]
 
