@@ -35,11 +35,15 @@ PEAK_GFLOPS = {"float32": 160.0, "bfloat16": 320.0}
 
 
 def default_engine_kwargs() -> dict[str, Any]:
-    """dtype / decode_impl / max_batch_size of conf/engine/hf.yaml (the shipped default)."""
+    """dtype / decode_impl / max_batch_size of conf/engine/hf.yaml (the shipped default; its
+    `auto` dtype resolved for this CPU, outside deterministic mode)."""
     from omegaconf import OmegaConf
 
+    from pipeline.precision import resolve_dtype
+
     conf = OmegaConf.load(ROOT / "conf" / "engine" / "hf.yaml")
-    return {k: conf[k] for k in ("dtype", "decode_impl", "max_batch_size")}
+    out = {k: conf[k] for k in ("decode_impl", "max_batch_size")}
+    return {**out, "dtype": resolve_dtype("auto")}
 
 
 def engines(model: str, compiled: bool = False) -> dict[str, Any]:

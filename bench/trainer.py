@@ -15,7 +15,7 @@ through the common evaluator, and the report adds mean +- std of pass@1 per trai
 10 steps x 4 prompts is too noisy (60 eval prompts, 40 training prompts) to rank two trainers.
 
 Usage: python bench/trainer.py [--steps 5] [--prompts-per-step 4] [--n 4] [--new-tokens 48]
-       [--lr 1e-5] [--seeds 1 [2 ...]] [--skip-trl] [--skip-ours] [--skip-eval]
+       [--lr 1e-5] [--seeds 1 [2 ...]] [--skip-trl] [--skip-ours] [--skip-eval] [--no-own-eval]
        [--ours-override KEY=VALUE ...] [--out-dir DIR]
 """
 
@@ -52,7 +52,8 @@ def run_trl(a: argparse.Namespace, seed: int, model: str, out_dir: Path) -> dict
     cmd = [str(TRL_VENV / "bin" / "python"), str(ROOT / "bench" / "trl_grpo.py"), "--model", model,
            "--prompts-per-step", str(a.prompts_per_step), "--n", str(a.n), "--new-tokens", str(a.new_tokens),
            "--lr", str(a.lr), "--steps", str(a.steps), "--seed", str(seed), "--out", str(out)]
-    cmd += ["--skip-eval"] if a.skip_eval else ["--save-policy", str(out_dir / "trl_policy")]
+    cmd += ["--skip-eval"] if a.skip_eval or a.no_own_eval else []
+    cmd += [] if a.skip_eval else ["--save-policy", str(out_dir / "trl_policy")]
     subprocess.run(cmd, check=True, cwd=ROOT)
     return {**json.loads(out.read_text()), "seed": seed}
 
@@ -67,7 +68,7 @@ def run_ours(a: argparse.Namespace, seed: int, out_dir: Path) -> dict[str, Any]:
                  # like for like with TRL: every generated group trains (no dynamic sampling)
                  "dynamic_filter=none", "rollout.over_sampling=fixed",
                  f"data_source.seed={seed}", "logger=jsonl", f"hydra.run.dir={run_dir}", *a.ours_override]
-    overrides += (["eval_interval=null", "eval_before_train=false"] if a.skip_eval
+    overrides += (["eval_interval=null", "eval_before_train=false"] if a.skip_eval or a.no_own_eval
                   else [f"eval_interval={a.steps}", "eval_before_train=true"])
     subprocess.run([sys.executable, "run.py", *overrides], check=True, cwd=ROOT)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
@@ -143,6 +144,8 @@ def main() -> None:
     parser.add_argument("--skip-trl", action="store_true")
     parser.add_argument("--skip-ours", action="store_true")
     parser.add_argument("--skip-eval", action="store_true", help="no pass@1 (seconds per step only)")
+    parser.add_argument("--no-own-eval", action="store_true",
+                        help="only the common evaluator (skips each trainer's own before / after evals)")
     parser.add_argument("--ours-override", action="append", default=[], metavar="KEY=VALUE",
                         help="an extra Hydra override for our run (repeatable), e.g. trainer.bf16=false")
     parser.add_argument("--out-dir", default=None,
