@@ -14,7 +14,7 @@ from typing import Any, Callable
 from pipeline.rollout.contracts import as_eval_output
 from pipeline.runner_async import run_async
 from pipeline.sinks.files import write_samples
-from pipeline.sinks.jsonl import MetricsJsonl
+from pipeline.sinks.jsonl import MetricsJsonl, clean_value, read_metrics
 from pipeline.stages import STAGES, RolloutContext, StageParts
 from pipeline.stages.log import eval_metrics
 from pipeline.stages.persist import samples_path, write_failed
@@ -26,6 +26,9 @@ logger = logging.getLogger(__name__)
 
 # data-source metadata key that carries the rollout function's state across a resume
 ROLLOUT_STATE_KEY = "rollout_fn_state"
+# data-source metadata key that carries the checkpointed rollout's metrics line: a run killed
+# between the checkpoint and the line (SIGKILL, power loss) gets the line back on resume
+METRICS_LINE_KEY = "metrics_line"
 
 
 @contextlib.contextmanager
@@ -92,7 +95,7 @@ class Pipeline:
             self.export_trained_policy(last)
             return last
         last: dict[str, Any] = {}
-        self.restore_rollout_state()
+        self.restore_from_checkpoint()
         for rollout_id in range(sched.start_rollout_id, sched.num_rollout):
             metrics: dict[str, Any] = {}
             if rollout_id == sched.start_rollout_id and sched.eval_before_train and self.eval_fn is not None:
@@ -123,6 +126,7 @@ class Pipeline:
         if self.schedule.should_save(rollout_id):
             start = time.perf_counter()
             self.stash_rollout_state()
+            self.stash_metrics_line(rollout_id, metrics)
             trainer = self.parts.plugin("trainer")
             if trainer is not None and self.parts.run_dir is not None:
                 # first, so every data-source checkpoint on disk has its trainer state
@@ -153,6 +157,18 @@ class Pipeline:
         if callable(state_dict) and isinstance(metadata, dict):
             metadata[ROLLOUT_STATE_KEY] = state_dict()
 
+    def stash_metrics_line(self, rollout_id: int, metrics: dict[str, Any]) -> None:
+        """Put `rollout_id`'s metrics into the data source's `metadata`, so the checkpoint written
+        next carries the line written after it (`restore_metrics_line`)."""
+        metadata = getattr(self.parts.data_source, "metadata", None)
+        if isinstance(metadata, dict):
+            metadata[METRICS_LINE_KEY] = {"step": rollout_id, **{k: clean_value(v) for k, v in metrics.items()}}
+
+    def restore_from_checkpoint(self) -> None:
+        """On a resume: the rollout function's state and a lost metrics line, when the checkpoint has them."""
+        self.restore_rollout_state()
+        self.restore_metrics_line()
+
     def restore_rollout_state(self) -> None:
         """Load the state `stash_rollout_state` left in a resumed data source, if any."""
         metadata = getattr(self.parts.data_source, "metadata", None)
@@ -160,6 +176,20 @@ class Pipeline:
         if isinstance(metadata, dict) and ROLLOUT_STATE_KEY in metadata and callable(load):
             load(metadata[ROLLOUT_STATE_KEY])
             logger.info("restored the rollout function's state from the checkpoint")
+
+    def restore_metrics_line(self) -> None:
+        """The checkpointed rollout's metrics line and sink rows, when metrics.jsonl lacks them (the
+        run was killed after writing the checkpoint and before the line)."""
+        metadata = getattr(self.parts.data_source, "metadata", None)
+        line = metadata.get(METRICS_LINE_KEY) if isinstance(metadata, dict) else None
+        step = self.schedule.start_rollout_id - 1
+        if not isinstance(line, dict) or line.get("step") != step or not self.metrics_file.path.exists():
+            return
+        if any(row["step"] == step for row in read_metrics(self.metrics_file.path)):
+            return
+        logger.warning("%s had no line for rollout %d (the run was stopped between its checkpoint and its "
+                       "metrics line); restored the line from the checkpoint", self.metrics_file.path, step)
+        self.emit(step, {k: v for k, v in line.items() if k != "step"})
 
     def run_rollout(self, rollout_id: int) -> RolloutContext:
         """One rollout step through every stage, each timed as perf/stage/<name>_time."""

@@ -56,7 +56,7 @@ class Pipeline(Protocol):
     schedule: Any
     eval_fn: Any
 
-    def restore_rollout_state(self) -> None: ...
+    def restore_from_checkpoint(self) -> None: ...
     def evaluate(self, rollout_id: int) -> dict[str, Any]: ...
     def start_rollout(self, rollout_id: int) -> RolloutContext: ...
     def run_stages(self, ctx: RolloutContext, stages: Any) -> None: ...
@@ -99,7 +99,7 @@ class AsyncTrainLoop:
         """Every scheduled rollout; returns the metrics of the last step."""
         pipe, sched = self.pipeline, self.pipeline.schedule
         last: dict[str, Any] = {}
-        pipe.restore_rollout_state()
+        pipe.restore_from_checkpoint()
         try:
             before_train: dict[str, Any] = {}
             if sched.eval_before_train and pipe.eval_fn is not None:

@@ -10,7 +10,7 @@ from hydra import compose, initialize_config_dir
 
 from pipeline.app import run
 from pipeline.config import ConfigError
-from pipeline.sinks.jsonl import read_metrics
+from pipeline.sinks.jsonl import MetricsJsonl, read_metrics
 from tests.plugins import fakes
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -69,3 +69,41 @@ def test_resume_continues_in_the_same_run_dir(tmp_path):
     assert [e[1][0] for e in fakes.EVENTS if e[0] == "log"] == [2, 3]
     assert [r["step"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl")] == [0, 1, 2, 3]
     assert not (tmp_path / "elsewhere" / "metrics.jsonl").exists()
+
+
+class _Killed(BaseException):
+    """Stands for SIGKILL: nothing after it runs (not an Exception, so no handler catches it)."""
+
+
+@pytest.mark.timeout(60)
+def test_a_run_killed_between_checkpoint_and_metrics_line_gets_the_line_back_on_resume(tmp_path, monkeypatch, caplog):
+    lost: dict = {}
+    real_log = MetricsJsonl.log
+
+    def killed_at_step_1(self, step, metrics):
+        if step == 1:
+            lost.update(metrics)
+            raise _Killed
+        real_log(self, step, metrics)
+
+    with monkeypatch.context() as m:
+        m.setattr(MetricsJsonl, "log", killed_at_step_1)
+        with pytest.raises(_Killed):
+            run(_cfg(tmp_path, "num_rollout=2"))
+    run_dir = tmp_path / "run"
+    assert (run_dir / "checkpoints" / "rollout_1.json").exists()
+    assert [r["step"] for r in read_metrics(run_dir / "metrics.jsonl")] == [0]
+    caplog.set_level("WARNING", logger="pipeline.runner")
+    run(_cfg(tmp_path, "num_rollout=3", f"resume={run_dir}"))
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    # the restored line is the one that was lost, less the checkpoint's own time (measured after it)
+    assert {k: v for k, v in rows[1].items() if k != "step"} == {
+        k: v for k, v in lost.items() if k != "perf/stage/checkpoint_time"}
+    assert [e[1][0] for e in fakes.EVENTS if e[0] == "log"] == [1, 2]  # and the sinks get its row
+    assert "had no line for rollout 1" in caplog.text
+    # a second resume finds the line and restores nothing
+    caplog.clear()
+    run(_cfg(tmp_path, "num_rollout=4", f"resume={run_dir}"))
+    assert [r["step"] for r in read_metrics(run_dir / "metrics.jsonl")] == [0, 1, 2, 3]
+    assert "had no line" not in caplog.text

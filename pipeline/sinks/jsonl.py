@@ -11,12 +11,12 @@ from typing import Any
 
 from pipeline.atomic import atomic_write_text
 
-__all__ = ["ConsoleSink", "MetricsJsonl", "read_metrics"]
+__all__ = ["ConsoleSink", "MetricsJsonl", "clean_value", "read_metrics"]
 
 logger = logging.getLogger(__name__)
 
 
-def _clean(value: Any) -> Any:
+def clean_value(value: Any) -> Any:
     """JSON-safe scalar: NaN/inf become None (JSON has no NaN)."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
@@ -39,7 +39,7 @@ class MetricsJsonl:
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         """Append one line for `step`."""
-        row = {"step": int(step), **{k: _clean(v) for k, v in metrics.items()}}
+        row = {"step": int(step), **{k: clean_value(v) for k, v in metrics.items()}}
         with open(self.path, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(row) + "\n")
             fh.flush()
