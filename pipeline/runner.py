@@ -183,12 +183,13 @@ class Pipeline:
         metadata = getattr(self.parts.data_source, "metadata", None)
         line = metadata.get(METRICS_LINE_KEY) if isinstance(metadata, dict) else None
         step = self.schedule.start_rollout_id - 1
-        if not isinstance(line, dict) or line.get("step") != step or not self.metrics_file.path.exists():
+        if not isinstance(line, dict) or line.get("step") != step:
             return
-        if any(row["step"] == step for row in read_metrics(self.metrics_file.path)):
+        path = self.metrics_file.path
+        if path.exists() and any(row["step"] == step for row in read_metrics(path)):
             return
         logger.warning("%s had no line for rollout %d (the run was stopped between its checkpoint and its "
-                       "metrics line); restored the line from the checkpoint", self.metrics_file.path, step)
+                       "metrics line); restored the line from the checkpoint", path, step)
         self.emit(step, {k: v for k, v in line.items() if k != "step"})
 
     def run_rollout(self, rollout_id: int) -> RolloutContext:

@@ -76,34 +76,38 @@ class _Killed(BaseException):
 
 
 @pytest.mark.timeout(60)
-def test_a_run_killed_between_checkpoint_and_metrics_line_gets_the_line_back_on_resume(tmp_path, monkeypatch, caplog):
+@pytest.mark.parametrize("killed_at", [0, 1])
+def test_a_run_killed_between_checkpoint_and_metrics_line_gets_the_line_back_on_resume(
+        killed_at, tmp_path, monkeypatch, caplog):
     lost: dict = {}
     real_log = MetricsJsonl.log
 
-    def killed_at_step_1(self, step, metrics):
-        if step == 1:
+    def killed(self, step, metrics):
+        if step == killed_at:
             lost.update(metrics)
             raise _Killed
         real_log(self, step, metrics)
 
     with monkeypatch.context() as m:
-        m.setattr(MetricsJsonl, "log", killed_at_step_1)
+        m.setattr(MetricsJsonl, "log", killed)
         with pytest.raises(_Killed):
-            run(_cfg(tmp_path, "num_rollout=2"))
+            run(_cfg(tmp_path, f"num_rollout={killed_at + 1}"))
     run_dir = tmp_path / "run"
-    assert (run_dir / "checkpoints" / "rollout_1.json").exists()
-    assert [r["step"] for r in read_metrics(run_dir / "metrics.jsonl")] == [0]
+    assert (run_dir / "checkpoints" / f"rollout_{killed_at}.json").exists()
+    metrics = run_dir / "metrics.jsonl"
+    assert (not metrics.exists()) if killed_at == 0 else [r["step"] for r in read_metrics(metrics)] == [0]
     caplog.set_level("WARNING", logger="pipeline.runner")
     run(_cfg(tmp_path, "num_rollout=3", f"resume={run_dir}"))
-    rows = read_metrics(run_dir / "metrics.jsonl")
+    rows = read_metrics(metrics)
     assert [r["step"] for r in rows] == [0, 1, 2]
     # the restored line is the one that was lost, less the checkpoint's own time (measured after it)
-    assert {k: v for k, v in rows[1].items() if k != "step"} == {
+    assert {k: v for k, v in rows[killed_at].items() if k != "step"} == {
         k: v for k, v in lost.items() if k != "perf/stage/checkpoint_time"}
-    assert [e[1][0] for e in fakes.EVENTS if e[0] == "log"] == [1, 2]  # and the sinks get its row
-    assert "had no line for rollout 1" in caplog.text
+    # and the sinks get its row first
+    assert [e[1][0] for e in fakes.EVENTS if e[0] == "log"] == list(range(killed_at, 3))
+    assert f"had no line for rollout {killed_at}" in caplog.text
     # a second resume finds the line and restores nothing
     caplog.clear()
     run(_cfg(tmp_path, "num_rollout=4", f"resume={run_dir}"))
-    assert [r["step"] for r in read_metrics(run_dir / "metrics.jsonl")] == [0, 1, 2, 3]
+    assert [r["step"] for r in read_metrics(metrics)] == [0, 1, 2, 3]
     assert "had no line" not in caplog.text
