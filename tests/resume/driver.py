@@ -10,6 +10,8 @@ the process exactly there. Points:
 - `persist`: a train-data / sample dump is about to be renamed into place (temp file written)
 - `checkpoint`: a data-source checkpoint is about to be renamed into place (temp file written,
   the previous checkpoint still the newest)
+- `committed`: a data-source checkpoint was just renamed into place, its rollout's metrics line
+  not yet written
 - `train`: the trainer has accumulated one optimizer step's gradients (trainer=policy_gradient;
   earlier steps of the same rollout already changed the weights in memory)
 - `trainer_state`: a file is renamed under `<run>/trainer/`: the first of each save is
@@ -78,7 +80,10 @@ def install() -> None:
             "export" if os.path.basename(d) == "policy" else None
         if point is not None:
             time.sleep(mark(point))
-        return real_replace(src, dst, *a, **kw)
+        out = real_replace(src, dst, *a, **kw)
+        if point == "checkpoint":
+            time.sleep(mark("committed"))
+        return out
 
     ScriptedEngine.generate = generate  # type: ignore[method-assign]
     RewardDispatcher.score = score  # type: ignore[method-assign]

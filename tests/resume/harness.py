@@ -194,7 +194,10 @@ def compare(ref: Path, got: Path, num_rollout: int, data: Path, num_prompts: int
         ra, rb = per_epoch["ref"].get(epoch, Counter()), per_epoch["got"].get(epoch, Counter())
         out.lost += sum((ra - rb).values())
         out.duplicated += sum((rb - ra).values())
-    if deterministic:  # the fetch sizes and the carried pass-rate estimate too
+    steps_a, steps_b = [m["step"] for m in _metrics(ref)], [m["step"] for m in _metrics(got)]
+    if steps_a != steps_b:
+        out.problems.append(f"metrics.jsonl steps differ: {steps_a} vs {steps_b}")
+    elif deterministic:  # the fetch sizes and the carried pass-rate estimate too
         for ma, mb in zip(_metrics(ref), _metrics(got), strict=True):
             for key in ("rollout/groups_submitted", "rollout/pass_rate_ema", "rollout/buffer_size"):
                 if ma.get(key) != mb.get(key):

@@ -23,15 +23,16 @@ def data(tmp_path_factory) -> Path:
 @pytest.mark.timeout(120)
 def test_deterministic_kill_and_resume_matches_uninterrupted(data, tmp_path):
     """Two uninterrupted runs (random per-token jitter) give identical dumps; a run killed during a
-    checkpoint write, during a reward call and at a random moment, resumed each time, gives the
-    same batches, prompts per epoch, final buffer and byte-identical sample dumps."""
+    checkpoint write, between a checkpoint and its metrics line, during a reward call and at a
+    random moment, resumed each time, gives the same batches, prompts per epoch, metrics lines,
+    final buffer and byte-identical sample dumps."""
     ref, ref2 = tmp_path / "ref", tmp_path / "ref2"
     harness.run_to_end(harness.overrides(data, NUM_ROLLOUT, True) + [f"hydra.run.dir={ref}"])
     harness.run_to_end(harness.overrides(data, NUM_ROLLOUT, True) + [f"hydra.run.dir={ref2}"])
     same = harness.compare(ref, ref2, NUM_ROLLOUT, data, NUM_PROMPTS, N, deterministic=True)
     assert same.problems == [] and same.lost == same.duplicated == 0
 
-    kills = [("checkpoint", 2), ("reward", 20), ("random", 1)]
+    kills = [("checkpoint", 2), ("committed", 1), ("reward", 20), ("random", 1)]
     got, killed, resumes = harness.killed_run(tmp_path, harness.overrides(data, NUM_ROLLOUT, True), kills,
                                                  random.Random(0))
     assert killed == len(kills) and resumes >= 2
