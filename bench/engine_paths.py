@@ -42,12 +42,13 @@ def default_engine_kwargs() -> dict[str, Any]:
     from pipeline.precision import resolve_dtype
 
     conf = OmegaConf.load(ROOT / "conf" / "engine" / "hf.yaml")
-    out = {k: conf[k] for k in ("decode_impl", "max_batch_size")}
+    out = {k: conf[k] for k in ("decode_impl", "max_batch_size", "packed_matmuls")}
     return {**out, "dtype": resolve_dtype("auto")}
 
 
 def engines(model: str, compiled: bool = False) -> dict[str, Any]:
-    """The engines compared: before (legacy float32), after (the default), static float32, and
+    """The engines compared: before (legacy float32), after (the default), static float32 without
+    oneDNN-packed weights, and
     with `compiled` the default with `compile_decode=True`."""
     from pipeline.engines.hf import HFEngine
 
@@ -55,8 +56,9 @@ def engines(model: str, compiled: bool = False) -> dict[str, Any]:
     specs = {
         "before: legacy, float32": dict(decode_impl="legacy", dtype="float32"),
         f"after: {default['decode_impl']}, {default['dtype']} (default)":
-            dict(decode_impl=default["decode_impl"], dtype=default["dtype"]),
-        "static, float32": dict(decode_impl="static", dtype="float32"),
+            dict(decode_impl=default["decode_impl"], dtype=default["dtype"], packed_matmuls=default["packed_matmuls"]),
+        "static, float32, aten::linear (packed_matmuls=false)":
+            dict(decode_impl="static", dtype="float32", packed_matmuls=False),
     }
     if compiled:
         specs[f"static, {default['dtype']}, compile_decode"] = dict(

@@ -26,7 +26,8 @@ lean decode step for Llama-family layers, batched sampling; other models fall ba
 with a warning) and "legacy" (`hf_decode.DecodeBatch`: the transformers forward over a
 `DynamicCache`, padded and concatenated as rows join). `compile_decode` runs the static path's
 per-layer step through `torch.compile` (one graph for all layers; off by default: see the
-README's performance section for compile time against gain). Both prefill with the transformers
+README's performance section for compile time against gain); uncompiled float32 steps use
+oneDNN-packed weights (`packed_matmuls`, `hf_lean`). Both prefill with the transformers
 forward. `dtype` bfloat16 roughly doubles throughput at batch >= 8 on AVX-512 BF16 CPUs and is
 many times slower on CPUs without bfloat16 kernels; "auto" (the default) picks it only where it
 is fast (`pipeline.precision`). float32 is the exact reference (greedy outputs of both paths
@@ -83,6 +84,7 @@ class HFEngine:
         seed: int = 0,
         decode_impl: str = "static",
         compile_decode: bool = False,
+        packed_matmuls: bool = True,
     ) -> None:
         if decode_impl not in DECODE_IMPLS:
             raise ValueError(f"engine.decode_impl must be one of {sorted(DECODE_IMPLS)}, got {decode_impl!r}")
@@ -99,6 +101,7 @@ class HFEngine:
         self.trust_remote_code = trust_remote_code
         self.decode_impl = decode_impl
         self.compile_decode = compile_decode
+        self.packed_matmuls = packed_matmuls
         self._decoder: LeanDecoder | None = None
         # seeds requests that carry no seed of their own
         self._rng = random.Random(seed)
@@ -152,14 +155,15 @@ class HFEngine:
             if self.decode_impl == "static":
                 reason = supports(self.model)
                 if reason is None:
-                    self._decoder = LeanDecoder(self.model, compile=self.compile_decode)
+                    self._decoder = LeanDecoder(self.model, compile=self.compile_decode, packed=self.packed_matmuls)
                 else:
                     logger.warning("hf engine: %s; using decode_impl=legacy", reason)
             self._thread = threading.Thread(target=self._loop, name="hf-engine-decode", daemon=True)
             self._thread.start()
             logger.info("hf engine ready: %s, %s, %s decode%s, %d threads, max batch %d", path, self.dtype,
                         "static" if self._decoder else "legacy",
-                        " (compiled)" if self._decoder and self._decoder.compiled else "",
+                        " (compiled)" if self._decoder and self._decoder.compiled else
+                        " (oneDNN-packed matmuls)" if self._decoder and self._decoder.packed else "",
                         self.num_threads, self.max_batch_size)
 
     def close(self) -> None:
