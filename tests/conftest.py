@@ -15,7 +15,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 def pytest_configure(config) -> None:
     """Start the session's memory guard (tests/memory_guard.py): a test whose process passes
-    ROLLOUT_PIPELINE_TEST_MAX_RSS_MB (default 6144, 0: off) fails at once instead of taking the
+    ROLLOUT_PIPELINE_TEST_MAX_RSS_MB (default 7168, 0: off) fails at once instead of taking the
     machine's memory; the per-test time limit (pytest-timeout) stays the guard against hangs."""
     from memory_guard import DEFAULT_MAX_RSS_MB, MemoryGuard
 

@@ -8,7 +8,7 @@ on); if memory then keeps growing past `hard_factor` times the limit (a loop in 
 be interrupted) it dumps every thread's stack and ends the process.
 
 The session guard is started by tests/conftest.py with `ROLLOUT_PIPELINE_TEST_MAX_RSS_MB`
-(default 6144; 0 turns it off).
+(default 7168; 0 turns it off).
 """
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ __all__ = ["MemoryGuard", "MemoryLimitExceeded", "DEFAULT_MAX_RSS_MB"]
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MAX_RSS_MB = 6144
+# 7168: the whole suite in one session peaks near 6.3 GB since the hf engine keeps its decode
+# weights in oneDNN's blocked layout (+262 MB per live engine); a runaway grows far past it
+DEFAULT_MAX_RSS_MB = 7168
 
 
 class MemoryLimitExceeded(BaseException):

@@ -116,24 +116,34 @@ class LeanDecoder:
         }
 
     def _pack(self) -> None:
-        """(Re)build the oneDNN-blocked weights from the current fused weights."""
+        """(Re)build the oneDNN-blocked weights from the model's current weights. They replace
+        the fused q/k/v and gate/up copies (dropped: one extra copy of the weights, not two);
+        the fused q/k/v bias is rebuilt too."""
         reorder = torch.ops.mkldnn._reorder_linear_weight
+        packed = []
         with torch.no_grad():
-            self._packed_layers = [{key: reorder(w[key].detach()) for key in _MATMULS} for w in self.layers]
+            for w, layer in zip(self.layers, self._source_layers):
+                fresh = self._fuse(layer)
+                packed.append({key: reorder(fresh[key]) for key in _MATMULS})
+                w["qkv"] = w["gate_up"] = None
+                w["qkv_bias"] = fresh["qkv_bias"]
+            self._packed_layers = packed
             self._packed_lm_head = reorder(self.lm_head.detach())
 
     def refresh(self) -> None:
         """Copy the model's current weights into the fused q/k/v and gate/up tensors in place
         (after the model's weights changed in place); the other weights are the model's own
-        tensors. The tensors keep their identity, so a compiled step needs no recompile."""
+        tensors. The tensors keep their identity, so a compiled step needs no recompile. With
+        packed matmuls, the blocked weights are rebuilt instead."""
+        if self.packed:
+            self._pack()
+            return
         with torch.no_grad():
             for fused, layer in zip(self.layers, self._source_layers):
                 new = self._fuse(layer)
                 for key in ("qkv", "qkv_bias", "gate_up"):
                     if fused[key] is not None:
                         fused[key].copy_(new[key])
-        if self.packed:
-            self._pack()
 
     def new_cache(self, rows: int, columns: int) -> torch.Tensor:
         """An empty key+value cache [2, layers, rows, kv_heads, columns, head_dim]."""

@@ -318,8 +318,11 @@ def test_packed_matmuls_match_aten_and_follow_in_place_weight_updates(model_path
         aten.refresh()
         packed.refresh()
         a, b = aten.step(*_step_inputs(aten, 3, 12)), packed.step(*_step_inputs(aten, 3, 12))
+        rebuilt = LeanDecoder(model, packed=True).step(*_step_inputs(aten, 3, 12))
     assert (b - before).abs().max() > 1e-2  # the packed step saw the new weights
+    assert torch.equal(b, rebuilt)
     assert (a - b).abs().max() <= 2e-3 * a.abs().max()
+    assert packed.layers[3]["qkv"] is None  # the blocked weights replace the fused copies
 
 
 def test_distinct_prompts_keep_first_seen_order() -> None:
