@@ -20,7 +20,7 @@ tensors in place, and the next step, compiled or not, uses them.
 the weights reordered once into its blocked layout (`torch.ops.mkldnn._linear_pointwise`, what
 inductor uses for frozen CPU linears) instead of `aten::linear`, which re-packs each weight on
 every call: at decode batch sizes the step reads every weight once and does little arithmetic
-with it, and skipping the re-pack made a step 1.3-1.9x faster on an AVX2 CPU (README
+with it, and skipping the re-pack made a step 1.15-1.5x faster on an AVX2 CPU (README
 "Performance"). `refresh()` reorders the changed weights again.
 
 Supported: decoder-only models with the Llama layer layout (`model.model.layers[i].self_attn.
