@@ -4,6 +4,7 @@ failure; the mutation run's CPU-time cap does the same for a test that spins."""
 from __future__ import annotations
 
 import asyncio
+import mmap
 import os
 import time
 
@@ -19,16 +20,24 @@ pytestmark = pytest.mark.timeout(60)
 def test_runaway_python_loop_is_interrupted_quickly():
     rss_mb = psutil.Process().memory_info().rss / 2**20
     guard = MemoryGuard(rss_mb + 150, interval_s=0.02).start()
-    hoard = []
+    # fresh anonymous maps, written through: every MB counted is a MB more RSS. (A bytearray
+    # can reuse free heap pages a long test session left resident, so RSS lagged the count
+    # and the guard tripped 1,106 MB in, in CI.)
+    one_mb = b"\x01" * 2**20
+    hoard: list[mmap.mmap] = []
     start = time.monotonic()
     try:
         with pytest.raises(MemoryLimitExceeded, match="ROLLOUT_PIPELINE_TEST_MAX_RSS_MB"):
             while True:  # an endless, allocating loop like a cursor that never advances
-                hoard.append(bytearray(2**20))
+                block = mmap.mmap(-1, 2**20)
+                block.write(one_mb)
+                hoard.append(block)
                 time.sleep(0.001)
     finally:
         guard.stop()
     grown = len(hoard)
+    for block in hoard:
+        block.close()
     hoard.clear()
     assert guard.tripped == 1
     assert time.monotonic() - start < 30
