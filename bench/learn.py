@@ -114,6 +114,19 @@ def table(summaries: list[dict[str, Any]], minutes: float, target: float) -> str
     return "\n".join(lines)
 
 
+_SWEEP_KEY = "hydra.sweep.dir="
+
+
+def sweep_dir(overrides: list[str]) -> Path:
+    """Where the sweep writes: the last `hydra.sweep.dir=` among the overrides (relative to the
+    repository, as run.py resolves it), else a new time-stamped dir under outputs/bench_learn."""
+    given = [o[len(_SWEEP_KEY):] for o in overrides if o.startswith(_SWEEP_KEY)]
+    if given:
+        path = Path(given[-1])
+        return path if path.is_absolute() else ROOT / path
+    return ROOT / "outputs" / "bench_learn" / datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", default="1,2,3")
@@ -124,9 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="more run.py overrides (after --)")
     a = parser.parse_args(argv)
     if a.sweep is None:
-        sweep = ROOT / "outputs" / "bench_learn" / datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+        sweep = sweep_dir(a.overrides)
         cmd = [sys.executable, "run.py", "-m", "experiment=learn", f"data_source.seed={a.seeds}",
-               f"hydra.sweep.dir={sweep}", *a.overrides]
+               f"hydra.sweep.dir={sweep}", *[o for o in a.overrides if not o.startswith(_SWEEP_KEY)]]
         subprocess.run(cmd, check=True, cwd=ROOT)
     else:
         sweep = Path(a.sweep)

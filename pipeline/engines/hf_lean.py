@@ -82,9 +82,10 @@ class LeanDecoder:
         self.norm = inner.norm
         self.lm_head = model.lm_head.weight
         self._source_layers = inner.layers
-        self.layers = [self._fuse(layer) for layer in inner.layers]
         # oneDNN's blocked copies of the matmul weights (float32, uncompiled only); see module doc
         self.packed = packed and not compile and self.dtype == torch.float32 and packed_matmuls_available()
+        # packed: no fused q/k/v and gate/up copies (the blocked ones replace them; `_pack`)
+        self.layers = [self._fuse(layer, matmuls=not self.packed) for layer in inner.layers]
         self._packed_layers: list[dict[str, torch.Tensor]] = []
         self._packed_lm_head: torch.Tensor | None = None
         if self.packed:
@@ -98,9 +99,11 @@ class LeanDecoder:
         # one compiled graph for every layer; shapes (rows, live columns) are symbolic
         self._layer = torch.compile(decode_layer, dynamic=True) if compile else decode_layer
 
-    def _fuse(self, layer: Any) -> dict[str, Any]:
+    def _fuse(self, layer: Any, matmuls: bool = True) -> dict[str, Any]:
+        """A layer's weights for `decode_layer`; `matmuls=False` leaves out the fused q/k/v and
+        gate/up matmul weights (None)."""
         attn, mlp = layer.self_attn, layer.mlp
-        qkv = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).detach()
+        qkv = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).detach() if matmuls else None
         bias = None
         if attn.q_proj.bias is not None:
             bias = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]).detach()
@@ -111,23 +114,27 @@ class LeanDecoder:
             "qkv": qkv, "qkv_bias": bias, "o": attn.o_proj.weight,
             "q_norm": None if q_norm is None else q_norm.weight,
             "k_norm": None if k_norm is None else k_norm.weight,
-            "gate_up": torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach(),
+            "gate_up": torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach() if matmuls else None,
             "down": mlp.down_proj.weight,
         }
 
     def _pack(self) -> None:
-        """(Re)build the oneDNN-blocked weights from the model's current weights. They replace
-        the fused q/k/v and gate/up copies (dropped: one extra copy of the weights, not two);
-        the fused q/k/v bias is rebuilt too."""
+        """(Re)build the oneDNN-blocked weights from the model's current weights, layer by
+        layer (a refresh holds one layer's old blocked copy extra at a time, not the whole
+        model's); the layers keep no fused q/k/v and gate/up copies (one extra copy of the
+        weights, not two). The fused q/k/v bias is rebuilt too. Callers hold off decode steps
+        meanwhile (the engine's step lock)."""
         reorder = torch.ops.mkldnn._reorder_linear_weight
-        packed = []
         with torch.no_grad():
-            for w, layer in zip(self.layers, self._source_layers):
+            for i, (w, layer) in enumerate(zip(self.layers, self._source_layers)):
                 fresh = self._fuse(layer)
-                packed.append({key: reorder(fresh[key]) for key in _MATMULS})
-                w["qkv"] = w["gate_up"] = None
+                blocked = {key: reorder(fresh[key]) for key in _MATMULS}
+                if i < len(self._packed_layers):
+                    self._packed_layers[i] = blocked
+                else:
+                    self._packed_layers.append(blocked)
                 w["qkv_bias"] = fresh["qkv_bias"]
-            self._packed_layers = packed
+            self._packed_lm_head = None  # the old head goes before the new one is made
             self._packed_lm_head = reorder(self.lm_head.detach())
 
     def refresh(self) -> None:

@@ -322,7 +322,9 @@ def test_packed_matmuls_match_aten_and_follow_in_place_weight_updates(model_path
     assert (b - before).abs().max() > 1e-2  # the packed step saw the new weights
     assert torch.equal(b, rebuilt)
     assert (a - b).abs().max() <= 2e-3 * a.abs().max()
-    assert packed.layers[3]["qkv"] is None  # the blocked weights replace the fused copies
+    # the blocked weights replace the fused copies, from the start (never both at once)
+    assert all(w["qkv"] is None and w["gate_up"] is None for w in packed.layers)
+    assert len(packed._packed_layers) == len(packed.layers)  # a refresh replaces, never appends
 
 
 def test_distinct_prompts_keep_first_seen_order() -> None:
