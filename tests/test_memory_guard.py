@@ -4,6 +4,7 @@ failure; the mutation run's CPU-time cap does the same for a test that spins."""
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import mmap
 import os
 import time
@@ -91,3 +92,34 @@ def test_idle_cap_stops_an_event_loop_that_waits_forever():
         end = time.monotonic() + 1.0
         while time.monotonic() < end:  # running is not idling
             pass
+
+
+@pytest.mark.skipif(not hasattr(ctypes.CDLL(None), "malloc_trim"), reason="needs glibc's malloc_trim")
+def test_freed_heap_that_glibc_keeps_is_not_a_runaway():
+    # 200 MB of 64 KiB heap blocks, written through, each followed by a small block that stays:
+    # the big ones freed leave holes that cannot merge into the heap's top, so RSS stays up until
+    # malloc_trim hands their pages back
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    libc.malloc_trim(0)
+    before_mb = psutil.Process().memory_info().rss / 2**20
+    blocks, pins = [], []
+    for _ in range(3200):
+        blocks.append(libc.malloc(2**16))
+        pins.append(libc.malloc(64))
+        ctypes.memset(blocks[-1], 1, 2**16)
+    for block in blocks:
+        libc.free(block)
+    try:
+        kept_mb = psutil.Process().memory_info().rss / 2**20 - before_mb
+        if kept_mb < 150:
+            pytest.skip(f"glibc returned the freed heap by itself ({kept_mb:.0f} MB kept)")
+        guard = MemoryGuard(before_mb + 100, interval_s=0.02, hard_factor=10).start()
+        time.sleep(0.5)
+        guard.stop()
+        assert guard.tripped == 0
+        assert psutil.Process().memory_info().rss / 2**20 < before_mb + 100
+    finally:
+        for pin in pins:
+            libc.free(pin)

@@ -25,8 +25,6 @@ def greedy(model, ids, n):
 
 @pytest.mark.parametrize("bf16", [False, True], ids=["float32", "bf16"])
 def test_policy_gradient_steps_on_smollm2_follow_the_reward(bf16):
-    from transformers import AutoModelForCausalLM
-
     from pipeline.engines.assets import load_tokenizer, resolve_checkpoint
 
     cache = os.environ.get("ROLLOUT_PIPELINE_CACHE")
@@ -40,6 +38,8 @@ def test_policy_gradient_steps_on_smollm2_follow_the_reward(bf16):
                                                 num_threads=2, lr=2e-5, micro_batch_size=2, bf16=bf16))
     assert trainer.model.config._attn_implementation == "eager"  # conf/trainer/policy_gradient.yaml
     before = trainer.prepare(data).old_log_probs
+    with torch.no_grad():  # (the trainer's own model before training: no second copy to load)
+        base_logits = trainer.model(input_ids=torch.tensor([prompt])).logits[0, -1].clone()
     for rollout_id in range(2):
         metrics = trainer.train(rollout_id, data)
         assert all(torch.isfinite(torch.tensor(v)) for v in metrics.values())
@@ -61,6 +61,5 @@ def test_policy_gradient_steps_on_smollm2_follow_the_reward(bf16):
     assert after_sync.weight_versions == [2] * len(after_sync.output_ids)
     assert after_sync.output_ids == greedy(trainer.model, torch.tensor([prompt]), len(after_sync.output_ids))
     with torch.no_grad():
-        base_logits = AutoModelForCausalLM.from_pretrained(folder).eval()(torch.tensor([prompt])).logits[0, -1]
         trained_logits = trainer.model(input_ids=torch.tensor([prompt])).logits[0, -1]
     assert (trained_logits - base_logits).abs().max() > 1e-3, before_sync.output_ids
