@@ -24,6 +24,14 @@ def pytest_configure(config) -> None:
         config._memory_guard = MemoryGuard(limit).start()
 
 
+def pytest_terminal_summary(terminalreporter, config) -> None:
+    """One line with the session's peak resident memory against the guard's limit."""
+    guard = getattr(config, "_memory_guard", None)
+    if guard is not None:
+        terminalreporter.write_line(f"memory guard: peak RSS {guard.peak_bytes / 2**20:.0f} MB of the "
+                                    f"{guard.limit_bytes / 2**20:.0f} MB limit (tests/memory_guard.py)")
+
+
 def pytest_unconfigure(config) -> None:
     guard = getattr(config, "_memory_guard", None)
     if guard is not None:

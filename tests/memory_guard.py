@@ -26,7 +26,7 @@ import threading
 
 import psutil
 
-__all__ = ["MemoryGuard", "MemoryLimitExceeded", "DEFAULT_MAX_RSS_MB"]
+__all__ = ["MemoryGuard", "MemoryLimitExceeded", "DEFAULT_MAX_RSS_MB", "trim_free_heap"]
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +46,12 @@ def _malloc_trim():
 
 
 _LIBC_MALLOC_TRIM = _malloc_trim()
+
+
+def trim_free_heap() -> None:
+    """Hand glibc's free heap pages back to the system (no-op without glibc)."""
+    if _LIBC_MALLOC_TRIM is not None:
+        _LIBC_MALLOC_TRIM(0)
 
 
 class MemoryLimitExceeded(BaseException):
@@ -70,6 +76,7 @@ class MemoryGuard:
         self.interval_s = interval_s
         self.hard_bytes = int(self.limit_bytes * hard_factor)
         self.tripped = 0
+        self.peak_bytes = 0
         self._target = threading.main_thread().ident
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -94,14 +101,14 @@ class MemoryGuard:
 
     def _rss_after_trim(self) -> int:
         """RSS after glibc returned its free heap pages to the system (RSS as is elsewhere)."""
-        if _LIBC_MALLOC_TRIM is not None:
-            _LIBC_MALLOC_TRIM(0)
+        trim_free_heap()
         return self._rss()
 
     def _watch(self) -> None:
         armed = True
         while not self._stop.wait(self.interval_s):
             rss = self._rss()
+            self.peak_bytes = max(self.peak_bytes, rss)
             if rss > self.limit_bytes and armed:
                 rss = self._rss_after_trim()
             if rss <= self.limit_bytes:

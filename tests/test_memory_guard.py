@@ -13,12 +13,16 @@ import psutil
 import pytest
 
 from cpu_guard import CpuTimeExceeded, cpu_time_limit
-from memory_guard import MemoryGuard, MemoryLimitExceeded
+from memory_guard import MemoryGuard, MemoryLimitExceeded, trim_free_heap
 
 pytestmark = pytest.mark.timeout(60)
 
 
 def test_runaway_python_loop_is_interrupted_quickly():
+    # the guard trims the heap before it trips, so measure from a trimmed heap: late in a long
+    # session the trim hands back GBs the session freed, and the loop would have to allocate
+    # those again before the guard saw the limit (CI: tripped 1,772 MB in)
+    trim_free_heap()
     rss_mb = psutil.Process().memory_info().rss / 2**20
     guard = MemoryGuard(rss_mb + 150, interval_s=0.02).start()
     # fresh anonymous maps, written through: every MB counted is a MB more RSS. (A bytearray
@@ -102,7 +106,7 @@ def test_freed_heap_that_glibc_keeps_is_not_a_runaway():
     libc = ctypes.CDLL(None)
     libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
     libc.free.argtypes = [ctypes.c_void_p]
-    libc.malloc_trim(0)
+    trim_free_heap()
     before_mb = psutil.Process().memory_info().rss / 2**20
     blocks, pins = [], []
     for _ in range(3200):
