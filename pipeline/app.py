@@ -70,7 +70,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     try:
         return _run_locked(plain, run_dir, record, changes)
     except KeyboardInterrupt:
-        logger.warning("%s", interrupt_hint(run_dir))
+        logger.warning("%s", interrupt_hint(run_dir, plain["save_interval"]))
         raise SystemExit(130) from None
     finally:
         run_lock.release(run_dir)

@@ -163,13 +163,29 @@ def store_record(run_dir: str, plain: dict[str, Any], name: str, record: dict[st
     write_record(run_dir, name=name, overrides=overrides, config=plain)
 
 
-def interrupt_hint(run_dir: str) -> str:
-    """What Ctrl-C kept and the command that continues the run."""
+def _nth(n: int) -> str:
+    """'' for 1, '2nd ', '3rd ', '10th ' ..."""
+    if n == 1:
+        return ""
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix} "
+
+
+def interrupt_hint(run_dir: str, save_interval: int | None) -> str:
+    """What Ctrl-C kept and the command that continues the run. Checkpoints are written every
+    `save_interval` rollouts (and after the last); rollouts finished after the newest one are redone."""
     ids = [int(m.group(1)) for p in Path(run_dir, "checkpoints").glob("rollout_*.json")
            if (m := re.fullmatch(r"rollout_(\d+)\.json", p.name))]
+    if not save_interval:
+        every = "save_interval=null: a checkpoint after the last rollout only"
+    else:
+        every = f"save_interval={save_interval}: a checkpoint after every {_nth(save_interval)}rollout"
     if not ids:
-        return (f"interrupted (Ctrl-C) before the first checkpoint; nothing to resume in {run_dir}: "
-                f"start the run again")
-    return (f"interrupted (Ctrl-C): the newest checkpoint is {run_dir}/checkpoints/rollout_{max(ids)}.json; a "
-            f"rollout in flight was not recorded and is redone on resume. Continue with:\n"
+        advice = {1: "", None: ", with a save_interval to keep part of an interrupted run"}.get(
+            save_interval or None, ", with a smaller save_interval to keep more of an interrupted run")
+        return (f"interrupted (Ctrl-C) before the first checkpoint ({every}); nothing to resume in {run_dir}: "
+                f"start the run again{advice}")
+    return (f"interrupted (Ctrl-C): the newest checkpoint is {run_dir}/checkpoints/rollout_{max(ids)}.json "
+            f"({every}); rollouts after it, finished or in flight, were not recorded and are redone on "
+            f"resume. Continue with:\n"
             f"  python run.py resume={run_dir}")

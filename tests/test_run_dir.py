@@ -20,7 +20,7 @@ from pipeline.atomic import atomic_write_text
 from pipeline.data.checkpoint import read_checkpoint, write_checkpoint
 from pipeline.run_lock import LOCK_FILE
 from pipeline.run_record import CHANGES_FILE, RECORD_FILE
-from pipeline.session import resume_target_problem
+from pipeline.session import interrupt_hint, resume_target_problem
 from pipeline.sinks.jsonl import read_metrics
 
 from tests.sinks import wandb_records  # noqa: E402
@@ -256,6 +256,7 @@ def test_ctrl_c_saves_releases_and_prints_the_resume_command(tmp_path):
     assert proc.returncode == 130, err[-3000:]
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
     assert f"python run.py resume={run_dir}" in err
+    assert "(save_interval=1: a checkpoint after every rollout)" in err
     done = steps(run_dir)
     newest = max(int(p.stem.split("_")[1]) for p in (run_dir / "checkpoints").glob("rollout_*.json"))
     assert done == list(range(newest + 1))  # a metrics line for every checkpointed rollout, none beyond
@@ -263,6 +264,26 @@ def test_ctrl_c_saves_releases_and_prints_the_resume_command(tmp_path):
     assert (run_dir / LOCK_FILE).read_text() == ""
     cli(f"resume={run_dir}", f"num_rollout={newest + 3}")
     assert steps(run_dir) == list(range(newest + 3))
+
+
+def test_the_interrupt_hint_says_how_often_checkpoints_are_written(tmp_path):
+    # experiment=learn checkpoints every 10th rollout: a Ctrl-C at rollout 7 keeps nothing, and says why
+    hint = interrupt_hint(str(tmp_path), 10)
+    assert hint.startswith("interrupted (Ctrl-C) before the first checkpoint (save_interval=10: a checkpoint "
+                           "after every 10th rollout); nothing to resume in ")
+    assert hint.endswith("start the run again, with a smaller save_interval to keep more of an interrupted run")
+    assert interrupt_hint(str(tmp_path), 1).endswith("start the run again")
+    assert "(save_interval=null: a checkpoint after the last rollout only)" in interrupt_hint(str(tmp_path), None)
+    (tmp_path / "checkpoints").mkdir()
+    for rollout_id in (9, 19):
+        (tmp_path / "checkpoints" / f"rollout_{rollout_id}.json").write_text("{}")
+    (tmp_path / "checkpoints" / "rollout_19.json.tmp").write_text("")  # a half-written one is not a checkpoint
+    hint = interrupt_hint(str(tmp_path), 2)
+    assert f"the newest checkpoint is {tmp_path}/checkpoints/rollout_19.json (save_interval=2: a checkpoint " \
+           "after every 2nd rollout); rollouts after it" in hint
+    assert hint.endswith(f"Continue with:\n  python run.py resume={tmp_path}")
+    assert "after every 21st rollout" in interrupt_hint(str(tmp_path), 21)
+    assert "after every 12th rollout" in interrupt_hint(str(tmp_path), 12)
 
 
 @pytest.mark.timeout(300)
