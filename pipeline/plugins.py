@@ -22,6 +22,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pipeline import slime_compat
+
 __all__ = [
     "Call", "ConfigError", "Needs", "PluginImportError", "Slot", "TargetNotAllowedError",
     "accepted_keywords", "accepts", "allowed_targets", "build", "check_allowed", "check_call",
@@ -162,6 +164,7 @@ def load_object(path: str, allowed: Iterable[str] | None = None, where: str = ""
     if allowed is not None:
         check_allowed(path, allowed, where)
     module_name, _, attr = path.rpartition(".")
+    slime_compat.install()  # `from slime.utils.types import Sample` in a slime plugin, without slime
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # any import-time failure is the user's plugin failing

@@ -1,0 +1,111 @@
+"""A plugin file written for slime imports slime's types (`from slime.utils.types import Sample`,
+`from slime.rollout.filter_hub.base_types import DynamicFilterOutput`); without slime installed
+those imports are served by pipeline/slime_compat.py, and an installed slime always wins."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true", HYDRA_FULL_ERROR="0", OMP_NUM_THREADS="1")
+
+# a reward and a dynamic filter as slime's docs write them: slime's imports, slime's signatures
+SLIME_PLUGIN = textwrap.dedent('''
+    from slime.rollout.filter_hub.base_types import DynamicFilterOutput
+    from slime.utils.types import Sample
+
+
+    async def exact_answer(args, sample: Sample, **kwargs) -> float:
+        assert isinstance(sample, Sample)
+        return 1.0 if sample.label and sample.label in sample.response else 0.0
+
+
+    def keep_mixed(args, samples: list[Sample], **kwargs) -> DynamicFilterOutput:
+        rewards = [s.get_reward_value(args) for s in samples]
+        if len(set(rewards)) == 1:
+            return DynamicFilterOutput(keep=False, reason="same_reward_{:.0f}".format(rewards[0]))
+        return DynamicFilterOutput(keep=True)
+''')
+
+
+def python(code: str, *paths: Path) -> subprocess.CompletedProcess:
+    env = dict(ENV, PYTHONPATH=os.pathsep.join([*map(str, paths), str(ROOT)]))
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_slimes_type_modules_stand_in_and_nothing_else_does():
+    proc = python('''
+        from pipeline import slime_compat
+        assert not slime_compat.installed()
+        assert slime_compat.install() and slime_compat.install() and slime_compat.installed()
+        import pipeline
+        from slime.utils.types import Sample
+        from slime.rollout.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput
+        from slime.rollout.filter_hub.base_types import DynamicFilterOutput
+        assert Sample is pipeline.Sample and Sample.Status.COMPLETED is pipeline.Sample.Status.COMPLETED
+        assert (RolloutFnTrainOutput, RolloutFnEvalOutput, DynamicFilterOutput) == (
+            pipeline.RolloutFnTrainOutput, pipeline.RolloutFnEvalOutput, pipeline.DynamicFilterOutput)
+        import slime.rollout
+        assert "stand-in" in slime.rollout.__doc__
+        try:
+            from slime.rollout.rm_hub import async_rm
+        except ModuleNotFoundError as exc:
+            print("REFUSED", exc)
+    ''')
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "REFUSED No module named 'slime.rollout.rm_hub': slime is not installed here" in proc.stdout
+    assert "slime.utils.types" in proc.stdout and "pipeline/slime_compat.py" in proc.stdout
+
+
+def test_an_installed_slime_wins(tmp_path):
+    real = tmp_path / "site" / "slime" / "utils"
+    real.mkdir(parents=True)
+    (tmp_path / "site" / "slime" / "__init__.py").write_text("")
+    (real / "__init__.py").write_text("")
+    (real / "types.py").write_text("class Sample:\n    REAL = True\n")
+    proc = python('''
+        from pipeline import slime_compat
+        assert not slime_compat.install() and not slime_compat.installed()
+        from slime.utils.types import Sample
+        assert Sample.REAL
+        try:
+            import slime.rollout.base_types
+        except ModuleNotFoundError as exc:
+            assert "stand" not in str(exc), exc  # the real package's own error, not ours
+        else:
+            raise AssertionError("the real slime has no rollout package")
+    ''', tmp_path / "site")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+@pytest.mark.timeout(300)
+def test_a_slime_plugin_file_with_slimes_imports_runs_unchanged(tmp_path):
+    (tmp_path / "plug" / "mylab").mkdir(parents=True)
+    (tmp_path / "plug" / "mylab" / "__init__.py").write_text("")
+    (tmp_path / "plug" / "mylab" / "slime_rm.py").write_text(SLIME_PLUGIN)
+    run_dir = tmp_path / "run"
+    env = dict(ENV, PYTHONPATH=str(tmp_path / "plug"))
+    args = ["experiment=smoke", "logger=jsonl", "num_rollout=2", "allowed_targets_extra=[mylab.]",
+            "reward=custom", "reward.custom_rm_path=mylab.slime_rm.exact_answer",
+            "dynamic_filter.path=mylab.slime_rm.keep_mixed", f"hydra.run.dir={run_dir}"]
+    proc = subprocess.run([sys.executable, "run.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=240)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1]
+    kept = 0
+    for row in rows:
+        # the plugin's reward reached the metrics, and its filter verdicts were counted under its reasons
+        assert 0.0 <= row["rollout/raw_reward"] <= 1.0
+        reasons = {k for k in row if k.startswith("rollout/dynamic_filter/drop_")}
+        assert reasons <= {"rollout/dynamic_filter/drop_same_reward_0", "rollout/dynamic_filter/drop_same_reward_1"}
+        kept += row["rollout/raw_reward"] not in (0.0, 1.0)
+    assert kept  # mixed groups were kept
