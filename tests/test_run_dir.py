@@ -277,7 +277,7 @@ def test_the_interrupt_hint_says_how_often_checkpoints_are_written(tmp_path):
     (tmp_path / "checkpoints").mkdir()
     for rollout_id in (9, 19):
         (tmp_path / "checkpoints" / f"rollout_{rollout_id}.json").write_text("{}")
-    (tmp_path / "checkpoints" / "rollout_19.json.tmp").write_text("")  # a half-written one is not a checkpoint
+    (tmp_path / "checkpoints" / "rollout_29.json.tmp").write_text("")  # a half-written one is not a checkpoint
     hint = interrupt_hint(str(tmp_path), 2)
     assert f"the newest checkpoint is {tmp_path}/checkpoints/rollout_19.json (save_interval=2: a checkpoint " \
            "after every 2nd rollout); rollouts after it" in hint
