@@ -20,7 +20,7 @@ from pipeline.parts import build_parts, build_slot, build_stages
 from pipeline.plugins import SLOTS_BY_NAME, ConfigError, allowed_targets
 from pipeline.run_record import check_resume_config, read_changes, read_record
 from pipeline.runner import Pipeline
-from pipeline.session import discard_session_files, interrupt_hint, store_record
+from pipeline.session import discard_session_files, existing_run_problem, interrupt_hint, store_record
 from pipeline.sinks.jsonl import MetricsJsonl
 
 __all__ = ["build_parts", "run", "run_identity"]
@@ -59,6 +59,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         resume = plain["resume"]
         run_dir = os.path.abspath(resume or plain["paths"]["output_dir"])
         record = read_record(run_dir) if resume else None
+        taken = None if resume else existing_run_problem(run_dir, "paths.output_dir")
+        if taken:
+            raise ConfigError(taken)
         changes = check_resume_config((record or {}).get("config"), plain, run_dir) if resume else {}
     except ConfigError:
         discard_session_files(resumed=bool(cfg.get("resume")))

@@ -12,7 +12,8 @@ import re
 from typing import Any
 
 from pipeline.engines.preflight import trainer_engine_problems
-from pipeline.plugins import SLOTS, SLOTS_BY_NAME, ConfigError, Needs, check_allowed, load_object, provided, required
+from pipeline.plugins import (SLOTS, SLOTS_BY_NAME, ConfigError, Needs, check_allowed, check_call, load_object, provided,
+                              required)
 from pipeline.plugins import target_of as _target
 from pipeline.rewards.preflight import reward_problems
 from pipeline.session import resume_target_problem
@@ -23,6 +24,8 @@ __all__ = ["collect_problems", "collect_warnings"]
 logger = logging.getLogger(__name__)
 
 _SLICE = re.compile(r"@\[[^\]]*\]$")
+# the folder holding conf/, data/ and run.py
+_PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _POSITIVE_INTS = ("num_rollout", "rollout_batch_size", "n_samples_per_prompt", "over_sampling_batch_size",
                   "rollout_max_response_len", "n_samples_per_eval_prompt")
 _BOOLS = ("partial_rollout", "mask_offpolicy_in_partial_rollout", "eval_before_train")
@@ -69,6 +72,7 @@ def collect_problems(cfg: dict[str, Any]) -> list[str]:
     _allowlist(cfg, out)
     if not out:  # imports the plugins and reads the prompt files: only when sound
         _requirements(cfg, out)
+        _per_sample_functions(cfg, out)
     if not out:
         out += reward_problems(cfg)
         out += trainer_engine_problems(cfg)  # an engine that cannot follow the trainer
@@ -278,6 +282,15 @@ def _buffer_only(cfg: dict[str, Any], ds: dict[str, Any], out: list[str]) -> boo
     return True
 
 
+def _from_elsewhere(path: str) -> str:
+    """A hint when a relative `path` exists in the project folder but the command runs elsewhere
+    (`paths.root_dir` is `.` unless PROJECT_ROOT is set)."""
+    if os.path.isabs(path) or not os.path.exists(os.path.join(_PROJECT_ROOT, path)):
+        return ""
+    return (f"; it is in the project folder {_PROJECT_ROOT}: run from there (cd {_PROJECT_ROOT}) or set "
+            f"PROJECT_ROOT={_PROJECT_ROOT}")
+
+
 def _data_path(cfg: dict[str, Any], out: list[str]) -> None:
     ds = cfg.get("data_source")
     if not isinstance(ds, dict) or _buffer_only(cfg, ds, out) or "prompt_data" not in ds:
@@ -294,7 +307,7 @@ def _data_path(cfg: dict[str, Any], out: list[str]) -> None:
         bare = _SLICE.sub("", p)
         if not os.path.exists(bare):
             out.append(f"data_source.prompt_data: {bare!r} does not exist (cwd {os.getcwd()}); expected a "
-                       f".jsonl/.parquet/.json file or a datasets folder")
+                       f".jsonl/.parquet/.json file or a datasets folder{_from_elsewhere(bare)}")
     ev = cfg.get("eval")
     datasets = ev.get("datasets") if isinstance(ev, dict) else None
     for i, d in enumerate(datasets if isinstance(datasets, list) else []):
@@ -302,7 +315,8 @@ def _data_path(cfg: dict[str, Any], out: list[str]) -> None:
         key = "prompt_data" if isinstance(d, dict) and "prompt_data" in d else "path"
         p = d.get(key) if isinstance(d, dict) else None
         if isinstance(p, str) and not os.path.exists(_SLICE.sub("", p)):
-            out.append(f"eval.datasets[{i}].{key}: {p!r} does not exist; expected an eval prompt file")
+            out.append(f"eval.datasets[{i}].{key}: {p!r} does not exist; expected an eval prompt file"
+                       f"{_from_elsewhere(_SLICE.sub('', p))}")
 
 
 def _plugins(cfg: dict[str, Any], out: list[str]) -> None:
@@ -370,6 +384,23 @@ def _targets_to_check(cfg: dict[str, Any]) -> list[tuple[str, str]]:
     if isinstance(reward, dict) and isinstance(reward.get("custom_rm_path"), str) and reward["custom_rm_path"] != "???":
         found.append(("reward.custom_rm_path", reward["custom_rm_path"]))
     return found
+
+
+def _per_sample_functions(cfg: dict[str, Any], out: list[str]) -> None:
+    """The functions the rollout imports on first use (a custom generate, a reward function) import
+    and take their calls now, not at the first sample of the first rollout (of a resume, too)."""
+    for group, key, slot_name in (("rollout", "custom_generate_path", "custom_generate"),
+                                  ("eval", "custom_generate_path", "custom_generate"),
+                                  ("reward", "custom_rm_path", "custom_rm")):
+        node = cfg.get(group)
+        path = node.get(key) if isinstance(node, dict) else None
+        if not isinstance(path, str) or path in ("", "???"):
+            continue
+        slot = SLOTS_BY_NAME[slot_name]
+        try:
+            check_call(load_object(path, _allowed(cfg), slot.where), path, slot.where, slot.calls)
+        except (ConfigError, ImportError) as exc:
+            out.append(f"{group}.{key}: {exc}")
 
 
 def _allowlist(cfg: dict[str, Any], out: list[str]) -> None:

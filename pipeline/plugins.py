@@ -178,8 +178,12 @@ def load_object(path: str, allowed: Iterable[str] | None = None, where: str = ""
                 if allowed is not None:
                     _check_origin(obj, path, allowed, where)
                 return obj
+        top = module_name.split(".")[0]
+        hint = (f"; Python finds no package {top!r}: put the folder that holds it on PYTHONPATH "
+                f"(PYTHONPATH=<folder> python run.py ..., also when resuming) or pip install it"
+                if isinstance(exc, ModuleNotFoundError) and exc.name == top else "")
         raise PluginImportError(
-            f"{where or 'plugin'}: cannot import {path!r}: {type(exc).__name__}: {exc}"
+            f"{where or 'plugin'}: cannot import {path!r}: {type(exc).__name__}: {exc}{hint}"
         ) from exc
     try:
         obj = getattr(module, attr)

@@ -41,6 +41,9 @@ OPT_IN = "allow_config_change"
 _SESSION_KEYS = ("resume", OPT_IN)
 # keys a diff leaves out: the session keys, and the run dir itself (a moved or copied run dir)
 _NOT_COMPARED = [*_SESSION_KEYS, "paths.output_dir"]
+# and every `<part>.cache_dir` (a folder of files rebuilt from the inputs, set per machine or shell
+# by ROLLOUT_PIPELINE_CACHE): where the cache lives never changes the experiment
+_MACHINE_LOCAL = ".cache_dir"
 _ABSENT = "<absent>"
 # keys that moved: old spelling -> new. Old overrides (command line, stored) and stored configs of
 # earlier runs are read with the new names, with a warning: `over_sampling_factor` left the
@@ -182,12 +185,12 @@ def _covered(key: str, prefixes: list[str]) -> bool:
 
 def config_changes(stored: dict[str, Any], current: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
     """`{key: (stored, current)}` for every leaf that differs (redacted stored values, the session
-    keys `resume`, `allow_config_change` and the run dir `paths.output_dir` do not count)."""
+    keys `resume`, `allow_config_change`, the run dir `paths.output_dir` and cache folders do not count)."""
     old, new = _flatten(stored), _flatten(current)
     changes = {}
     for key in sorted(set(old) | set(new)):
         a, b = old.get(key, _ABSENT), new.get(key, _ABSENT)
-        if a != b and a != REDACTED and not _covered(key, _NOT_COMPARED):
+        if a != b and a != REDACTED and not _covered(key, _NOT_COMPARED) and not key.endswith(_MACHINE_LOCAL):
             changes[key] = (a, b)
     return changes
 

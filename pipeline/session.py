@@ -6,7 +6,9 @@ stored overrides of X (`pipeline.run_record`) followed by the new ones, writing 
 run's `.hydra/*.yaml` stay as they were). Before Hydra writes anything it checks that X is a run
 dir (a sweep dir gets the list of its job dirs), that X is writable, and locks X
 (`pipeline.run_lock`), so a resume of a live run fails at once. A fresh run into an explicit
-`hydra.run.dir` that a live run holds fails the same way.
+`hydra.run.dir` that a live run holds fails the same way, and so does one into a dir (or a sweep
+into a `hydra.sweep.dir`) that holds a run with a checkpoint (`existing_run_problem`): a fresh
+run there would truncate that run's metrics, prune its checkpoints and overwrite its record.
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ from pipeline.run_lock import LOCK_FILE, acquire
 from pipeline.run_record import (OPT_IN, RECORD_FILE, merge_overrides, override_key, read_record, record_changes,
                                  upgrade_overrides, write_record)
 
-__all__ = ["SESSION_PREFIX", "discard_session_files", "interrupt_hint", "prepare_argv", "resume_target_problem",
-           "session_subdir", "store_record"]
+__all__ = ["SESSION_PREFIX", "discard_session_files", "existing_run_problem", "interrupt_hint", "prepare_argv",
+           "resume_target_problem", "session_subdir", "store_record"]
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +72,41 @@ def resume_target_problem(resume: str) -> str | None:
     return None
 
 
+def _checkpoint_ids(run_dir: Path) -> list[int]:
+    """The rollout ids of the complete checkpoint files in `run_dir/checkpoints` (no `.tmp`)."""
+    return [int(m.group(1)) for p in (run_dir / "checkpoints").glob("rollout_*.json")
+            if (m := re.fullmatch(r"rollout_(\d+)\.json", p.name))]
+
+
+def existing_run_problem(run_dir: str, key: str = "hydra.run.dir") -> str | None:
+    """Why a fresh run (no `resume=`) must not write into `run_dir`, named by the override `key`:
+    it holds a run with a checkpoint, which a fresh run would mix with its own. None when it holds
+    none (a new or empty dir, one refused at pre-flight, or a run stopped before its first
+    checkpoint, which the interrupt message tells to start again)."""
+    ids = _checkpoint_ids(Path(run_dir))
+    if not ids:
+        return None
+    name = Path(run_dir).name
+    return (f"{key}={run_dir} already holds a run (newest checkpoint: rollout {max(ids)}); a fresh run there "
+            f"would truncate its metrics.jsonl, prune its checkpoints and overwrite its record. Continue that "
+            f"run with\n  python run.py resume={run_dir}\nor start a new one beside it with "
+            f"{key}='${{unique_dir:{run_dir}}}' (the first free {name}_2, {name}_3, ...) or another dir, or "
+            f"delete {run_dir} to start over")
+
+
+def _sweep_problem(sweep_dir: str) -> str | None:
+    """Why a fresh sweep must not write into `sweep_dir`: one of its job dirs holds a run."""
+    path = Path(sweep_dir)
+    jobs = _job_dirs(path) if path.is_dir() else []
+    taken = [job for job in jobs if existing_run_problem(str(job))]
+    if not taken:
+        return None
+    return (f"hydra.sweep.dir={sweep_dir} already holds a sweep (jobs with checkpoints: "
+            f"{', '.join(j.name for j in taken)}); a new sweep there would overwrite its jobs. Start it beside it with "
+            f"hydra.sweep.dir='${{unique_dir:{sweep_dir}}}' or another dir; continue one of its jobs with "
+            f"resume={taken[0]}")
+
+
 def _job_label(job: Path) -> str:
     try:
         record = read_record(job)
@@ -98,8 +135,19 @@ def prepare_argv(argv: list[str]) -> list[str]:
     resume = next((a.split("=", 1)[1] for a in args if _is_override(a) and override_key(a) == "resume"), None)
     run_dirs = [a.split("=", 1)[1] for a in args if _is_override(a) and override_key(a) == "hydra.run.dir"]
     if resume in (None, "", "null"):
-        if runs and run_dirs and (Path(run_dirs[-1]) / LOCK_FILE).is_file():
-            acquire(run_dirs[-1], defer_log=True)  # a live run there: fail before Hydra rewrites its .hydra files
+        if not runs:
+            return argv
+        if any(a in _MULTIRUN_FLAGS for a in args):
+            sweep_dirs = [a.split("=", 1)[1] for a in args if _is_override(a) and override_key(a) == "hydra.sweep.dir"]
+            problem = _sweep_problem(sweep_dirs[-1]) if sweep_dirs else None
+        elif run_dirs:
+            if (Path(run_dirs[-1]) / LOCK_FILE).is_file():
+                acquire(run_dirs[-1], defer_log=True)  # a live run there: fail before Hydra rewrites its .hydra files
+            problem = existing_run_problem(run_dirs[-1])
+        else:
+            problem = None
+        if problem:
+            raise ConfigError(problem)
         return argv
     if any(a in _MULTIRUN_FLAGS for a in args):
         raise ConfigError("resume: a resume continues one run; drop -m (sweep over fresh runs instead)")
@@ -174,8 +222,7 @@ def _nth(n: int) -> str:
 def interrupt_hint(run_dir: str, save_interval: int | None) -> str:
     """What Ctrl-C kept and the command that continues the run. Checkpoints are written every
     `save_interval` rollouts (and after the last); rollouts finished after the newest one are redone."""
-    ids = [int(m.group(1)) for p in Path(run_dir, "checkpoints").glob("rollout_*.json")
-           if (m := re.fullmatch(r"rollout_(\d+)\.json", p.name))]
+    ids = _checkpoint_ids(Path(run_dir))
     if not save_interval:
         every = "save_interval=null: a checkpoint after the last rollout only"
     else:

@@ -242,6 +242,16 @@ def _in_use(tmp: Path) -> str:
         os.close(fd)
 
 
+def _run_dir_holds_a_run(tmp: Path) -> str:
+    """A second fresh run (no resume=) into the dir of a finished one."""
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        run(compose(config_name="config", overrides=_overrides(tmp)))
+    before = (tmp / "run" / "metrics.jsonl").read_bytes()
+    message = _app(tmp, "num_rollout=2")
+    assert (tmp / "run" / "metrics.jsonl").read_bytes() == before, "the refused run touched the first run's metrics"
+    return message
+
+
 CASES: dict[str, Callable[[Path], str]] = {
     # config, through the CLI
     "unknown-option": lambda t: _cli(t, "rollout_batchsize=2"),
@@ -262,6 +272,8 @@ CASES: dict[str, Callable[[Path], str]] = {
     "unknown-rm-type": _unknown_rm_type,
     # plugins
     "plugin-does-not-import": lambda t: _app(t, "rollout.path=tests.no_such_module.generate"),
+    "reward-fn-does-not-import": lambda t: _app(t, "rollout=engine", "reward=custom", "reward.custom_rm_path=myplug.reward",
+                                                "allowed_targets_extra=[myplug.]"),
     "plugin-no-such-function": lambda t: _app(t, f"rollout.path={ME}.no_such_function"),
     "filter-wrong-signature": lambda t: _app(t, "data_source=buffered", f"filter.path={ME}.filter_two_args"),
     "rollout-wrong-signature": lambda t: _app(t, f"rollout.path={ME}.rollout_one_arg"),
@@ -297,6 +309,7 @@ CASES: dict[str, Callable[[Path], str]] = {
     "resume-sweep-dir": _sweep_dir,
     "resume-read-only": _read_only,
     "run-dir-in-use": _in_use,
+    "run-dir-holds-a-run": _run_dir_holds_a_run,
 }
 
 

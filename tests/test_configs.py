@@ -236,3 +236,21 @@ def test_disallowed_target_from_config_refused(workdir):
     cfg = compose_cfg(base_overrides(workdir) + ["rollout=function", "rollout.path=tests.plugins.slime_plugins.generate_rollout"])
     with pytest.raises(TargetNotAllowedError, match=r"allowed_targets_extra=\[tests.\]"):
         build(to_plain(cfg)["rollout"], allowed=allowed_targets(to_plain(cfg)), where="rollout")
+
+
+def test_the_bundled_data_named_from_another_folder_says_where_the_project_is(tmp_path, monkeypatch):
+    """`python /path/to/run.py` from another folder: the data paths are relative to the project
+    folder (paths.root_dir is `.`), and the message says so."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PROJECT_ROOT", raising=False)
+    cfg = compose_cfg(["paths.output_dir=out", "engine=scripted", "logger=jsonl", "eval=engine", "eval_interval=1"])
+    with pytest.raises(ConfigError) as err:
+        validate(cfg)
+    root = CONF.parent
+    hint = f"it is in the project folder {root}: run from there (cd {root}) or set PROJECT_ROOT={root}"
+    assert f"data_source.prompt_data: './data/math_train.jsonl' does not exist (cwd {tmp_path}); " in str(err.value)
+    assert f"eval.datasets[0].prompt_data: './data/math_eval.jsonl' does not exist; expected an eval prompt file; {hint}" \
+        in str(err.value)
+    assert str(err.value).count(hint) == 2
+    monkeypatch.setenv("PROJECT_ROOT", str(root))
+    validate(compose_cfg(["paths.output_dir=out", "engine=scripted", "logger=jsonl", "eval=engine", "eval_interval=1"]))

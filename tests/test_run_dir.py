@@ -1,6 +1,7 @@
 """A run dir is one experiment, through the CLI (`python run.py ... engine=scripted`): resume restores
 the stored config and refuses other changes unless opted in (recorded), a resumed session writes
-into the run's own dir, one writer per run dir (a lock, stale locks taken over), unique run dirs,
+into the run's own dir, one writer per run dir (a lock, stale locks taken over), unique run dirs, no
+fresh run over a run's checkpoints,
 Ctrl-C, invalid commands that leave nothing behind, file modes that honour the umask."""
 
 from __future__ import annotations
@@ -304,6 +305,39 @@ def test_invalid_commands_leave_nothing_and_run_dirs_are_unique(tmp_path):
     assert runs == ["same", "same_2"]
     for name in runs:
         assert steps(tmp_path / "runs" / name) == [0, 1]
+
+
+@pytest.mark.timeout(400)
+def test_a_fresh_run_into_a_dir_holding_a_run_is_refused_and_leaves_it_as_it_was(tmp_path):
+    """The same command twice with one explicit hydra.run.dir: the second would have truncated the
+    first run's metrics, pruned its checkpoints and overwritten its record and Hydra files; it is
+    refused before anything is written, and the two ways on it names both work."""
+    run_dir = tmp_path / "run"
+    cli(*EXPERIMENT, f"hydra.run.dir={run_dir}")
+    kept = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    refused = cli(*EXPERIMENT, "num_rollout=3", f"hydra.run.dir={run_dir}", ok=False)
+    assert f"hydra.run.dir={run_dir} already holds a run (newest checkpoint: rollout 1)" in refused.stderr
+    assert f"  python run.py resume={run_dir}\n" in refused.stderr and "Traceback" not in refused.stderr
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == kept  # .hydra/ and run.log too
+    beside = refused.stderr.split("beside it with ", 1)[1].split(" ", 1)[0]
+    assert beside == "hydra.run.dir='${unique_dir:" + str(run_dir) + "}'"
+    cli(*EXPERIMENT, beside.replace("'", ""))
+    assert steps(tmp_path / "run_2") == [0, 1]
+    cli(f"resume={run_dir}", "num_rollout=3")
+    assert steps(run_dir) == [0, 1, 2]
+    # a run stopped before its first checkpoint holds nothing to continue: the same command starts it again
+    (tmp_path / "early" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "early" / "metrics.jsonl").write_text("")
+    cli(*EXPERIMENT, f"hydra.run.dir={tmp_path / 'early'}")
+    assert steps(tmp_path / "early") == [0, 1]
+    # a sweep into a sweep dir whose jobs have checkpoints
+    sweep = tmp_path / "sweep"
+    cli("-m", *EXPERIMENT, "num_rollout=1", "data_source.seed=1,2", f"hydra.sweep.dir={sweep}")
+    kept = {p: p.read_bytes() for p in sweep.rglob("*") if p.is_file()}
+    refused = cli("-m", *EXPERIMENT, "num_rollout=1", "data_source.seed=1,2", f"hydra.sweep.dir={sweep}", ok=False)
+    assert f"hydra.sweep.dir={sweep} already holds a sweep (jobs with checkpoints: 0, 1)" in refused.stderr
+    assert f"resume={sweep / '0'}" in refused.stderr
+    assert {p: p.read_bytes() for p in sweep.rglob("*") if p.is_file()} == kept
 
 
 def test_resume_of_a_sweep_dir_lists_its_jobs_and_a_read_only_dir_says_what_to_do(tmp_path, monkeypatch):

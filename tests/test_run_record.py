@@ -1,10 +1,14 @@
-"""Moved keys: old spellings on the command line and in stored configs read with the new names."""
+"""Moved keys: old spellings on the command line and in stored configs read with the new names; what a
+resume compares with the stored config."""
 
 from __future__ import annotations
 
 import logging
 
-from pipeline.run_record import upgrade_config, upgrade_overrides
+import pytest
+
+from pipeline.plugins import ConfigError
+from pipeline.run_record import check_resume_config, upgrade_config, upgrade_overrides
 
 
 def test_old_override_spellings_are_rewritten_with_a_warning(caplog):
@@ -29,3 +33,18 @@ def test_a_stored_config_of_the_earlier_layout_is_read_with_the_new_keys():
                    "rollout": {"path": "m.f"}, "over_sampling_factor": 4}
     assert stored["data_source"]["path"] == "a.jsonl"  # the stored record itself is left as it was
     assert upgrade_config(got) == got  # a config of this layout is unchanged
+
+
+def test_a_resume_from_another_shell_with_another_cache_folder_is_the_same_experiment(tmp_path):
+    """ROLLOUT_PIPELINE_CACHE set in one shell and not in the next moves every `<part>.cache_dir`:
+    where the rebuildable cache lives is not part of the experiment, a changed temperature is."""
+    stored = {"resume_safe_keys": ["num_rollout", "paths"], "allow_config_change": False, "num_rollout": 2,
+              "rollout_temperature": 1.0, "paths": {"cache_dir": "/work/cache"},
+              "data_source": {"cache_dir": "/work/cache", "seed": 1}, "engine": {"cache_dir": "/work/cache"}}
+    moved = {**stored, "num_rollout": 4, "paths": {"cache_dir": "./.cache"},
+             "data_source": {"cache_dir": "./.cache", "seed": 1}, "engine": {"cache_dir": "./.cache"}}
+    assert check_resume_config(stored, moved, str(tmp_path)) == {"num_rollout": (2, 4)}
+    with pytest.raises(ConfigError, match=r"rollout_temperature: 1.0 -> 0.5"):
+        check_resume_config(stored, {**moved, "rollout_temperature": 0.5}, str(tmp_path))
+    with pytest.raises(ConfigError, match=r"data_source.seed: 1 -> 2"):
+        check_resume_config(stored, {**moved, "data_source": {"cache_dir": "./.cache", "seed": 2}}, str(tmp_path))
