@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import shlex
 import time
 from pathlib import Path
 from typing import Any
@@ -128,7 +129,7 @@ class RunProgress:
         mean = f"mean reward {sum(rewards) / len(rewards):.3f}, " if rewards else ""
         lines += ["", f"{len(self.rows)} rollouts, {mean}{time.perf_counter() - self._start:.1f} s. "
                       f"Run dir: {self.run_dir} (full log: run.log)",
-                  f"Plots: python -m pipeline.report {self.run_dir}"]
+                  f"Plots: python -m pipeline.report {shlex.quote(str(self.run_dir))}"]
         if any(Path(self.run_dir, "wandb").glob("offline-run-*")):
-            lines.append(f"Upload to wandb: wandb sync {self.run_dir}/wandb/offline-run-*")
+            lines.append(f"Upload to wandb: wandb sync {shlex.quote(str(self.run_dir))}/wandb/offline-run-*")
         return "\n".join(lines)

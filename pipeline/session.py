@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import logging
 import re
+import shlex
 import shutil
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from pipeline.overrides import command_arg, hydra_quoted, override_value, unique_dir_arg
 from pipeline.plugins import ConfigError
 from pipeline.run_lock import LOCK_FILE, acquire
 from pipeline.run_record import (OPT_IN, RECORD_FILE, merge_overrides, override_key, read_record, record_changes,
@@ -57,7 +59,7 @@ def resume_target_problem(resume: str) -> str | None:
     is_run = (path / RECORD_FILE).is_file() or (path / ".hydra").is_dir() or (path / "checkpoints").is_dir()
     jobs = [] if is_run else _job_dirs(path)
     if jobs:
-        listed = "\n  ".join(f"resume={j}  ({_job_label(j)})" for j in jobs)
+        listed = "\n  ".join(f"{command_arg('resume', str(j))}  ({_job_label(j)})" for j in jobs)
         return f"resume: {resume!r} is a sweep dir; a resume continues one job, pick its dir:\n  {listed}"
     if not is_run:
         return (f"resume: {resume!r} is not a run dir (it has no {RECORD_FILE}, .hydra/ or checkpoints/); "
@@ -89,9 +91,9 @@ def existing_run_problem(run_dir: str, key: str = "hydra.run.dir") -> str | None
     name = Path(run_dir).name
     return (f"{key}={run_dir} already holds a run (newest checkpoint: rollout {max(ids)}); a fresh run there "
             f"would truncate its metrics.jsonl, prune its checkpoints and overwrite its record. Continue that "
-            f"run with\n  python run.py resume={run_dir}\nor start a new one beside it with "
-            f"{key}='${{unique_dir:{run_dir}}}' (the first free {name}_2, {name}_3, ...) or another dir, or "
-            f"delete {run_dir} to start over")
+            f"run with\n  python run.py {command_arg('resume', run_dir)}\nor start a new one beside it with "
+            f"{unique_dir_arg(key, run_dir)} (the first free {name}_2, {name}_3, ...) or "
+            f"another dir, or delete {run_dir} to start over")
 
 
 def _sweep_problem(sweep_dir: str) -> str | None:
@@ -102,9 +104,9 @@ def _sweep_problem(sweep_dir: str) -> str | None:
     if not taken:
         return None
     return (f"hydra.sweep.dir={sweep_dir} already holds a sweep (jobs with checkpoints: "
-            f"{', '.join(j.name for j in taken)}); a new sweep there would overwrite its jobs. Start it beside it with "
-            f"hydra.sweep.dir='${{unique_dir:{sweep_dir}}}' or another dir; continue one of its jobs with "
-            f"resume={taken[0]}")
+            f"{', '.join(j.name for j in taken)}); a new sweep there would overwrite its jobs. Start it beside "
+            f"it with {unique_dir_arg('hydra.sweep.dir', sweep_dir)} or another dir; continue "
+            f"one of its jobs with {command_arg('resume', str(taken[0]))}")
 
 
 def _job_label(job: Path) -> str:
@@ -132,13 +134,13 @@ def prepare_argv(argv: list[str]) -> list[str]:
     argv = [argv[0], *upgrade_overrides(argv[1:])]
     args = argv[1:]
     runs = not any(a.split("=", 1)[0] in _NO_RUN_FLAGS for a in args)
-    resume = next((a.split("=", 1)[1] for a in args if _is_override(a) and override_key(a) == "resume"), None)
-    run_dirs = [a.split("=", 1)[1] for a in args if _is_override(a) and override_key(a) == "hydra.run.dir"]
+    resume = next((override_value(a) for a in args if _is_override(a) and override_key(a) == "resume"), None)
+    run_dirs = [override_value(a) for a in args if _is_override(a) and override_key(a) == "hydra.run.dir"]
     if resume in (None, "", "null"):
         if not runs:
             return argv
         if any(a in _MULTIRUN_FLAGS for a in args):
-            sweep_dirs = [a.split("=", 1)[1] for a in args if _is_override(a) and override_key(a) == "hydra.sweep.dir"]
+            sweep_dirs = [override_value(a) for a in args if _is_override(a) and override_key(a) == "hydra.sweep.dir"]
             problem = _sweep_problem(sweep_dirs[-1]) if sweep_dirs else None
         elif run_dirs:
             if (Path(run_dirs[-1]) / LOCK_FILE).is_file():
@@ -164,10 +166,10 @@ def prepare_argv(argv: list[str]) -> list[str]:
              and override_key(a) not in ("hydra.run.dir", "hydra.output_subdir")]
     flags = [a for a in args if not _is_override(a)]
     restored = merge_overrides(upgrade_overrides(list((record or {}).get("overrides", []))), task)
-    restored = [f"resume={run_dir}" if override_key(o) == "resume" else o for o in restored]
+    restored = [f"resume={hydra_quoted(str(run_dir))}" if override_key(o) == "resume" else o for o in restored]
     if runs:
         acquire(run_dir, defer_log=True)
-    hydra += [f"hydra.run.dir={run_dir}", f"hydra.output_subdir={session_subdir(run_dir)}"]
+    hydra += [f"hydra.run.dir={hydra_quoted(str(run_dir))}", f"hydra.output_subdir={session_subdir(run_dir)}"]
     return [argv[0], *flags, *restored, *hydra]
 
 
@@ -235,4 +237,4 @@ def interrupt_hint(run_dir: str, save_interval: int | None) -> str:
     return (f"interrupted (Ctrl-C): the newest checkpoint is {run_dir}/checkpoints/rollout_{max(ids)}.json "
             f"({every}); rollouts after it, finished or in flight, were not recorded and are redone on "
             f"resume. Continue with:\n"
-            f"  python run.py resume={run_dir}")
+            f"  python run.py {command_arg('resume', run_dir)}")

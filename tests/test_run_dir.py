@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -19,6 +20,7 @@ import pytest
 
 from pipeline.atomic import atomic_write_text
 from pipeline.data.checkpoint import read_checkpoint, write_checkpoint
+from pipeline.overrides import hydra_quoted
 from pipeline.run_lock import LOCK_FILE
 from pipeline.run_record import CHANGES_FILE, RECORD_FILE
 from pipeline.session import interrupt_hint, resume_target_problem
@@ -320,8 +322,8 @@ def test_a_fresh_run_into_a_dir_holding_a_run_is_refused_and_leaves_it_as_it_was
     assert f"  python run.py resume={run_dir}\n" in refused.stderr and "Traceback" not in refused.stderr
     assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == kept  # .hydra/ and run.log too
     beside = refused.stderr.split("beside it with ", 1)[1].split(" ", 1)[0]
-    assert beside == "hydra.run.dir='${unique_dir:" + str(run_dir) + "}'"
-    cli(*EXPERIMENT, beside.replace("'", ""))
+    assert beside == "'hydra.run.dir=${unique_dir:" + str(run_dir) + "}'"
+    cli(*EXPERIMENT, *shlex.split(beside))
     assert steps(tmp_path / "run_2") == [0, 1]
     cli(f"resume={run_dir}", "num_rollout=3")
     assert steps(run_dir) == [0, 1, 2]
@@ -338,6 +340,23 @@ def test_a_fresh_run_into_a_dir_holding_a_run_is_refused_and_leaves_it_as_it_was
     assert f"hydra.sweep.dir={sweep} already holds a sweep (jobs with checkpoints: 0, 1)" in refused.stderr
     assert f"resume={sweep / '0'}" in refused.stderr
     assert {p: p.read_bytes() for p in sweep.rglob("*") if p.is_file()} == kept
+
+
+@pytest.mark.timeout(400)
+def test_a_run_dir_with_an_odd_name_runs_resumes_and_is_named_in_commands_that_work(tmp_path):
+    """A run dir with a space, an accent and a quote (Hydra's grammar refuses them unquoted): the
+    commands the messages print run as printed."""
+    run_dir = tmp_path / "my runs" / "café l'été"
+    cli(*EXPERIMENT, "num_rollout=1", f"hydra.run.dir={hydra_quoted(str(run_dir))}")
+    cli(f"resume={run_dir}", "num_rollout=2")  # typed without Hydra's quotes: taken as the path
+    assert steps(run_dir) == [0, 1]
+    refused = cli(*EXPERIMENT, f"hydra.run.dir={hydra_quoted(str(run_dir))}", ok=False)
+    resume = refused.stderr.split("Continue that run with\n  python run.py ", 1)[1].split("\n", 1)[0]
+    beside = refused.stderr.split("beside it with ", 1)[1].split(" (the first free", 1)[0]
+    cli(*shlex.split(resume), "num_rollout=3")
+    assert steps(run_dir) == [0, 1, 2]
+    cli(*EXPERIMENT, "num_rollout=1", *shlex.split(beside))
+    assert steps(run_dir.parent / f"{run_dir.name}_2") == [0]
 
 
 def test_resume_of_a_sweep_dir_lists_its_jobs_and_a_read_only_dir_says_what_to_do(tmp_path, monkeypatch):

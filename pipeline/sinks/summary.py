@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -64,4 +65,5 @@ class SweepSummary(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         """Summarise every job dir under hydra.sweep.dir."""
         path = summarize_sweep(config.hydra.sweep.dir)
-        logger.info("sweep summary: %s; plots: python -m pipeline.report %s", path, config.hydra.sweep.dir)
+        logger.info("sweep summary: %s; plots: python -m pipeline.report %s", path,
+                    shlex.quote(str(config.hydra.sweep.dir)))
