@@ -96,6 +96,16 @@ def existing_run_problem(run_dir: str, key: str = "hydra.run.dir") -> str | None
             f"another dir, or delete {run_dir} to start over")
 
 
+def _not_a_folder(key: str, path: str) -> str | None:
+    """Why `path` (or a folder above it) cannot become the run's folder: it is a file."""
+    for p in (Path(path), *Path(path).parents):
+        if p.exists() and not p.is_dir():
+            return f"{key}={path}: {p} is a file, not a folder; the run writes its files into a folder: choose another path"
+        if p.is_dir():
+            return None
+    return None
+
+
 def _sweep_problem(sweep_dir: str) -> str | None:
     """Why a fresh sweep must not write into `sweep_dir`: one of its job dirs holds a run."""
     path = Path(sweep_dir)
@@ -141,11 +151,12 @@ def prepare_argv(argv: list[str]) -> list[str]:
             return argv
         if any(a in _MULTIRUN_FLAGS for a in args):
             sweep_dirs = [override_value(a) for a in args if _is_override(a) and override_key(a) == "hydra.sweep.dir"]
-            problem = _sweep_problem(sweep_dirs[-1]) if sweep_dirs else None
+            problem = (_not_a_folder("hydra.sweep.dir", sweep_dirs[-1]) or _sweep_problem(sweep_dirs[-1])
+                       if sweep_dirs else None)
         elif run_dirs:
             if (Path(run_dirs[-1]) / LOCK_FILE).is_file():
                 acquire(run_dirs[-1], defer_log=True)  # a live run there: fail before Hydra rewrites its .hydra files
-            problem = existing_run_problem(run_dirs[-1])
+            problem = _not_a_folder("hydra.run.dir", run_dirs[-1]) or existing_run_problem(run_dirs[-1])
         else:
             problem = None
         if problem:

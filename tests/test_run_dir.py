@@ -21,9 +21,10 @@ import pytest
 from pipeline.atomic import atomic_write_text
 from pipeline.data.checkpoint import read_checkpoint, write_checkpoint
 from pipeline.overrides import hydra_quoted
+from pipeline.plugins import ConfigError
 from pipeline.run_lock import LOCK_FILE
 from pipeline.run_record import CHANGES_FILE, RECORD_FILE
-from pipeline.session import interrupt_hint, resume_target_problem
+from pipeline.session import interrupt_hint, prepare_argv, resume_target_problem
 from pipeline.sinks.jsonl import read_metrics
 
 from tests.sinks import wandb_records  # noqa: E402
@@ -357,6 +358,17 @@ def test_a_run_dir_with_an_odd_name_runs_resumes_and_is_named_in_commands_that_w
     assert steps(run_dir) == [0, 1, 2]
     cli(*EXPERIMENT, "num_rollout=1", *shlex.split(beside))
     assert steps(run_dir.parent / f"{run_dir.name}_2") == [0]
+
+
+def test_a_run_or_sweep_dir_at_or_under_a_file_is_refused_before_hydra_writes(tmp_path):
+    (tmp_path / "afile").write_text("notes")
+    for argv in (["run.py", f"hydra.run.dir={tmp_path}/afile"], ["run.py", f"hydra.run.dir={tmp_path}/afile/run"],
+                 ["run.py", "-m", "data_source.seed=1,2", f"hydra.sweep.dir={tmp_path}/afile"]):
+        with pytest.raises(ConfigError, match=f"{tmp_path}/afile is a file, not a folder; the run writes its files "
+                                              f"into a folder: choose another path"):
+            prepare_argv(argv)
+    assert (tmp_path / "afile").read_text() == "notes"
+    assert prepare_argv(["run.py", f"hydra.run.dir={tmp_path}/new/run"])[-1] == f"hydra.run.dir={tmp_path}/new/run"
 
 
 def test_resume_of_a_sweep_dir_lists_its_jobs_and_a_read_only_dir_says_what_to_do(tmp_path, monkeypatch):
