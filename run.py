@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 # OpenMP worker threads sleep instead of spin-waiting between torch ops: on shared or
@@ -47,4 +48,14 @@ if __name__ == "__main__":
         sys.argv = prepare_argv(sys.argv)
     except (ConfigError, RunDirLocked) as exc:
         sys.exit(f"Error: {exc}")
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:  # outside a run's rollouts (a run handles its own: exit 130 and its resume command)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        sys.stderr.write("interrupted (Ctrl-C) while Hydra was setting up a run or between sweep jobs; finished "
+                         "runs are complete, and each finished sweep job can be continued with resume=<job dir>\n")
+        sys.exit(130)
+    except SystemExit as exc:
+        if exc.code == 130:  # interrupted: a second Ctrl-C does not turn the exit into a traceback
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        raise

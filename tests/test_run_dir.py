@@ -254,6 +254,9 @@ def test_ctrl_c_saves_releases_and_prints_the_resume_command(tmp_path):
     try:
         wait_for(lambda: has_steps(run_dir), "the first rollout", proc)
         proc.send_signal(signal.SIGINT)
+        time.sleep(0.6)
+        if proc.poll() is None:  # a second Ctrl-C, as an impatient user presses it: the same clean exit
+            proc.send_signal(signal.SIGINT)
         err = proc.communicate(timeout=60)[0]
     finally:
         proc.kill()
