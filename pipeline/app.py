@@ -20,7 +20,7 @@ from pipeline.parts import build_parts, build_slot, build_stages
 from pipeline.plugins import SLOTS_BY_NAME, ConfigError, allowed_targets
 from pipeline.run_record import check_resume_config, read_changes, read_record
 from pipeline.runner import Pipeline
-from pipeline.session import discard_session_files, existing_run_problem, interrupt_hint, store_record
+from pipeline.session import discard_session_files, existing_run_problem, has_checkpoint, interrupt_hint, store_record
 from pipeline.sinks.jsonl import MetricsJsonl
 
 __all__ = ["build_parts", "run", "run_identity"]
@@ -44,6 +44,18 @@ def run_identity(plain: dict[str, Any]) -> tuple[str, str | None]:
     return " ".join(filter(None, (run_dir_name, hc.job.override_dirname))), None
 
 
+def _sweep_dir() -> str | None:
+    """The sweep dir of this job when it is one job of a sweep (`-m`); else None."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        hc = HydraConfig.get()
+    except (ImportError, ValueError):
+        return None
+    return os.path.abspath(hc.sweep.dir) if hc.mode == RunMode.MULTIRUN else None
+
+
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Validate `cfg`, build every part, run the rollouts; returns the last step's metrics.
 
@@ -58,13 +70,15 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         plain.pop("hydra", None)
         resume = plain["resume"]
         run_dir = os.path.abspath(resume or plain["paths"]["output_dir"])
+        if plain["continue_sweep"] and not resume and has_checkpoint(run_dir):  # a job of a continued sweep
+            resume = plain["resume"] = run_dir
         record = read_record(run_dir) if resume else None
         taken = None if resume else existing_run_problem(run_dir, "paths.output_dir")
         if taken:
             raise ConfigError(taken)
         changes = check_resume_config((record or {}).get("config"), plain, run_dir) if resume else {}
     except ConfigError:
-        discard_session_files(resumed=bool(cfg.get("resume")))
+        discard_session_files(resumed=bool(cfg.get("resume")) or bool(cfg.get("continue_sweep")))
         raise
     os.makedirs(run_dir, exist_ok=True)
     run_lock.acquire(run_dir)
@@ -73,7 +87,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     try:
         return _run_locked(plain, run_dir, record, changes)
     except KeyboardInterrupt:
-        logger.warning("%s", interrupt_hint(run_dir, plain["save_interval"]))
+        logger.warning("%s", interrupt_hint(run_dir, plain["save_interval"], _sweep_dir()))
         raise SystemExit(130) from None
     finally:
         run_lock.release(run_dir)

@@ -28,7 +28,7 @@ _SLICE = re.compile(r"@\[[^\]]*\]$")
 _PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _POSITIVE_INTS = ("num_rollout", "rollout_batch_size", "n_samples_per_prompt", "over_sampling_batch_size",
                   "rollout_max_response_len", "n_samples_per_eval_prompt")
-_BOOLS = ("partial_rollout", "mask_offpolicy_in_partial_rollout", "eval_before_train")
+_BOOLS = ("partial_rollout", "mask_offpolicy_in_partial_rollout", "eval_before_train", "continue_sweep")
 # data_source.<key>: the top-level key it interpolates (its one home)
 _FROM_TOP_LEVEL = {"n_samples_per_prompt": "n_samples_per_prompt", "max_prompt_len": "rollout_max_prompt_len"}
 # top-level keys naming one plugin by dotted path (or null), and lists of them (slime: the flag may repeat)

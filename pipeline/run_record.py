@@ -28,8 +28,8 @@ from pipeline.plugins import ConfigError
 from pipeline.sinks.redact import REDACTED, redact, redact_text
 
 __all__ = ["CHANGES_FILE", "MOVED_ENTRY_KEYS", "MOVED_KEYS", "OPT_IN", "RECORD_FILE", "check_resume_config",
-           "config_changes", "merge_overrides", "override_key", "read_changes", "read_record", "record_changes", "upgrade_config", "upgrade_overrides",
-           "write_record"]
+           "config_changes", "merge_overrides", "override_key", "read_changes", "read_record", "record_changes", "run_overrides", "upgrade_config",
+           "upgrade_overrides", "write_record"]
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ CHANGES_FILE = "config_changes.jsonl"
 # the opt-in that accepts changes outside resume_safe_keys (a top-level key of conf/config.yaml)
 OPT_IN = "allow_config_change"
 # overrides that belong to one session, never to the run's stored record
-_SESSION_KEYS = ("resume", OPT_IN)
+_SESSION_KEYS = ("resume", OPT_IN, "continue_sweep")
 # keys a diff leaves out: the session keys, and the run dir itself (a moved or copied run dir)
 _NOT_COMPARED = [*_SESSION_KEYS, "paths.output_dir"]
 # and every `<part>.cache_dir` (a folder of files rebuilt from the inputs, set per machine or shell
@@ -120,7 +120,7 @@ def upgrade_config(config: dict[str, Any]) -> dict[str, Any]:
 
 def merge_overrides(stored: list[str], new: list[str]) -> list[str]:
     """The stored overrides with those the new ones set again left out, then the new ones; session
-    keys (`resume`, `allow_config_change`) and redacted secrets of the stored list are dropped."""
+    keys (`resume`, `allow_config_change`, `continue_sweep`) and redacted secrets of the stored list are dropped."""
     new_keys = {override_key(o) for o in new}
     kept = [o for o in stored if override_key(o) not in new_keys and override_key(o) not in _SESSION_KEYS]
     secrets = [override_key(o) for o in kept if REDACTED in o]
@@ -160,6 +160,16 @@ def read_record(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
             raise ConfigError(f"resume: {path} is unreadable ({exc}); restore it from a backup, or delete it "
                               f"to fall back to {Path(run_dir) / '.hydra'}") from exc
     return _legacy_record(Path(run_dir))
+
+
+def run_overrides(run_dir: str | os.PathLike[str]) -> list[str]:
+    """The command-line overrides of the run in `run_dir` as it stands (its record, which a resume
+    updates, else its `.hydra/overrides.yaml`); [] when it has neither or they are unreadable."""
+    try:
+        record = read_record(run_dir)
+    except ConfigError:
+        return []
+    return [str(o) for o in (record or {}).get("overrides", [])]
 
 
 def write_record(run_dir: str | os.PathLike[str], *, name: str, overrides: list[str], config: dict[str, Any]) -> None:

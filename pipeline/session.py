@@ -27,8 +27,10 @@ from pipeline.plugins import ConfigError
 from pipeline.run_lock import LOCK_FILE, acquire
 from pipeline.run_record import (OPT_IN, RECORD_FILE, merge_overrides, override_key, read_record, record_changes,
                                  upgrade_overrides, write_record)
+from pipeline.sweep_resume import is_sweep_dir, job_dirs, sweep_resume_argv
 
-__all__ = ["SESSION_PREFIX", "discard_session_files", "existing_run_problem", "interrupt_hint", "prepare_argv",
+__all__ = ["SESSION_PREFIX", "discard_session_files", "existing_run_problem", "has_checkpoint", "interrupt_hint",
+           "prepare_argv",
            "resume_target_problem", "session_subdir", "store_record"]
 
 logger = logging.getLogger(__name__)
@@ -44,12 +46,6 @@ def _is_override(arg: str) -> bool:
     return not arg.startswith("-") and ("=" in arg or arg.startswith("~"))
 
 
-def _job_dirs(path: Path) -> list[Path]:
-    """The job dirs of a sweep dir (subfolders holding a run's Hydra files or record), in job order."""
-    jobs = [p for p in path.iterdir() if p.is_dir() and ((p / ".hydra").is_dir() or (p / RECORD_FILE).is_file())]
-    return sorted(jobs, key=lambda p: (not p.name.isdigit(), int(p.name) if p.name.isdigit() else 0, p.name))
-
-
 def resume_target_problem(resume: str) -> str | None:
     """Why `resume=<resume>` cannot be continued (not a dir, a sweep dir, no run in it, not writable);
     None when it can."""
@@ -57,10 +53,11 @@ def resume_target_problem(resume: str) -> str | None:
     if not path.is_dir():
         return f"resume: {resume!r} is not a directory; expected a previous run dir (outputs/runs/...)"
     is_run = (path / RECORD_FILE).is_file() or (path / ".hydra").is_dir() or (path / "checkpoints").is_dir()
-    jobs = [] if is_run else _job_dirs(path)
+    jobs = [] if is_run else job_dirs(path)
     if jobs:
         listed = "\n  ".join(f"{command_arg('resume', str(j))}  ({_job_label(j)})" for j in jobs)
-        return f"resume: {resume!r} is a sweep dir; a resume continues one job, pick its dir:\n  {listed}"
+        return (f"resume: {resume!r} is a sweep dir; a resume continues one job, pick its dir (through the "
+                f"command line, python run.py {command_arg('resume', resume)} continues every job):\n  {listed}")
     if not is_run:
         return (f"resume: {resume!r} is not a run dir (it has no {RECORD_FILE}, .hydra/ or checkpoints/); "
                 f"expected a previous run dir (outputs/runs/...)")
@@ -78,6 +75,11 @@ def _checkpoint_ids(run_dir: Path) -> list[int]:
     """The rollout ids of the complete checkpoint files in `run_dir/checkpoints` (no `.tmp`)."""
     return [int(m.group(1)) for p in (run_dir / "checkpoints").glob("rollout_*.json")
             if (m := re.fullmatch(r"rollout_(\d+)\.json", p.name))]
+
+
+def has_checkpoint(run_dir: str) -> bool:
+    """Whether `run_dir` holds a complete checkpoint file (a run a resume can continue)."""
+    return bool(_checkpoint_ids(Path(run_dir)))
 
 
 def existing_run_problem(run_dir: str, key: str = "hydra.run.dir") -> str | None:
@@ -109,7 +111,7 @@ def _not_a_folder(key: str, path: str) -> str | None:
 def _sweep_problem(sweep_dir: str) -> str | None:
     """Why a fresh sweep must not write into `sweep_dir`: one of its job dirs holds a run."""
     path = Path(sweep_dir)
-    jobs = _job_dirs(path) if path.is_dir() else []
+    jobs = job_dirs(path) if path.is_dir() else []
     taken = [job for job in jobs if existing_run_problem(str(job))]
     if not taken:
         return None
@@ -162,6 +164,12 @@ def prepare_argv(argv: list[str]) -> list[str]:
         if problem:
             raise ConfigError(problem)
         return argv
+    overrides = [a for a in args if _is_override(a) and override_key(a) != "resume"]
+    flags = [a for a in args if not _is_override(a)]
+    if is_sweep_dir(Path(resume)):
+        sweep = Path(resume).resolve()
+        return sweep_resume_argv(argv[0], sweep, overrides, [f for f in flags if f not in _MULTIRUN_FLAGS],
+                                 session_subdir(sweep), runs)
     if any(a in _MULTIRUN_FLAGS for a in args):
         raise ConfigError("resume: a resume continues one run; drop -m (sweep over fresh runs instead)")
     problem = resume_target_problem(resume)
@@ -171,13 +179,11 @@ def prepare_argv(argv: list[str]) -> list[str]:
     if run_dirs:
         logger.warning("resume: ignoring hydra.run.dir=%s; a resume writes into its run dir %s", run_dirs[-1], run_dir)
     record = read_record(run_dir)
-    overrides = [a for a in args if _is_override(a)]
     task = [a for a in overrides if not override_key(a).startswith(("hydra.", "hydra/"))]
     hydra = [a for a in overrides if override_key(a).startswith(("hydra.", "hydra/"))
              and override_key(a) not in ("hydra.run.dir", "hydra.output_subdir")]
-    flags = [a for a in args if not _is_override(a)]
     restored = merge_overrides(upgrade_overrides(list((record or {}).get("overrides", []))), task)
-    restored = [f"resume={hydra_quoted(str(run_dir))}" if override_key(o) == "resume" else o for o in restored]
+    restored.append(f"resume={hydra_quoted(str(run_dir))}")
     if runs:
         acquire(run_dir, defer_log=True)
     hydra += [f"hydra.run.dir={hydra_quoted(str(run_dir))}", f"hydra.output_subdir={session_subdir(run_dir)}"]
@@ -232,20 +238,23 @@ def _nth(n: int) -> str:
     return f"{n}{suffix} "
 
 
-def interrupt_hint(run_dir: str, save_interval: int | None) -> str:
-    """What Ctrl-C kept and the command that continues the run. Checkpoints are written every
-    `save_interval` rollouts (and after the last); rollouts finished after the newest one are redone."""
+def interrupt_hint(run_dir: str, save_interval: int | None, sweep_dir: str | None = None) -> str:
+    """What Ctrl-C kept and the command that continues the run (and, for a job of a sweep in
+    `sweep_dir`, the whole sweep). Checkpoints are written every `save_interval` rollouts (and after
+    the last); rollouts finished after the newest one are redone."""
     ids = _checkpoint_ids(Path(run_dir))
     if not save_interval:
         every = "save_interval=null: a checkpoint after the last rollout only"
     else:
         every = f"save_interval={save_interval}: a checkpoint after every {_nth(save_interval)}rollout"
+    sweep = (f"\nContinue the whole sweep (this job from its newest checkpoint, the jobs after it from the "
+             f"start) with:\n  python run.py {command_arg('resume', sweep_dir)}") if sweep_dir else ""
     if not ids:
         advice = {1: "", None: ", with a save_interval to keep part of an interrupted run"}.get(
             save_interval or None, ", with a smaller save_interval to keep more of an interrupted run")
         return (f"interrupted (Ctrl-C) before the first checkpoint ({every}); nothing to resume in {run_dir}: "
-                f"start the run again{advice}")
+                f"start the run again{advice}{sweep}")
     return (f"interrupted (Ctrl-C): the newest checkpoint is {run_dir}/checkpoints/rollout_{max(ids)}.json "
             f"({every}); rollouts after it, finished or in flight, were not recorded and are redone on "
             f"resume. Continue with:\n"
-            f"  python run.py {command_arg('resume', run_dir)}")
+            f"  python run.py {command_arg('resume', run_dir)}{sweep}")

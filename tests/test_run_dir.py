@@ -374,9 +374,12 @@ def test_resume_of_a_sweep_dir_lists_its_jobs_and_a_read_only_dir_says_what_to_d
         (sweep / job / ".hydra").mkdir(parents=True)
         (sweep / job / ".hydra" / "overrides.yaml").write_text(f"- data_source.seed={seed}\n")
     (sweep / "multirun.yaml").write_text("{}\n")
-    msg = cli(f"resume={sweep}", ok=False).stderr
+    msg = resume_target_problem(str(sweep))  # run(cfg) with resume=<sweep dir>: one job at a time
     assert "is a sweep dir" in msg and f"resume={sweep / '0'}  (data_source.seed=1)" in msg
-    assert f"resume={sweep / '1'}  (data_source.seed=2)" in msg and not list(sweep.glob("*/run.lock"))
+    assert f"resume={sweep / '1'}  (data_source.seed=2)" in msg and f"python run.py resume={sweep} continues" in msg
+    msg = cli(f"resume={sweep}", ok=False).stderr  # the command line continues the sweep: its record is needed
+    assert f"resume: {sweep / 'multirun.yaml'} cannot be read as Hydra's sweep record" in msg
+    assert not list(sweep.glob("*/run.lock"))
 
     def read_only(*args, **kwargs):
         raise OSError(30, "Read-only file system")
@@ -385,6 +388,41 @@ def test_resume_of_a_sweep_dir_lists_its_jobs_and_a_read_only_dir_says_what_to_d
     problem = resume_target_problem(str(sweep / "0"))
     assert problem is not None and f"the run dir {str(sweep / '0')!r} is not writable (Read-only file system)" in problem
     assert "cp -r" in problem
+
+
+@pytest.mark.timeout(400)
+def test_a_sweep_stopped_in_its_second_job_is_continued_whole_by_resume_of_its_dir(tmp_path):
+    """Ctrl-C in job 1 of 3: the message names the sweep; `resume=<sweep dir> num_rollout=4`
+    extends the finished job 0, continues job 1 from its checkpoint and runs job 2 from the start."""
+    sweep = tmp_path / "sweep"
+    proc = subprocess.Popen([sys.executable, "run.py", "-m", *EXPERIMENT, "engine.token_delay=0.02", "num_rollout=3",
+                             "data_source.seed=1,2,3", f"hydra.sweep.dir={sweep}"], cwd=ROOT, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=_ctrl_c_as_in_a_terminal)
+    try:
+        wait_for(lambda: (sweep / "1" / "checkpoints" / "rollout_0.json").exists(), "job 1's first checkpoint", proc)
+        proc.send_signal(signal.SIGINT)
+        out = proc.communicate(timeout=60)[0]
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and "Traceback" not in out, out[-3000:]
+    assert f"Continue the whole sweep (this job from its newest checkpoint, the jobs after it from the start) " \
+           f"with:\n  python run.py resume={sweep}" in out
+    assert steps(sweep / "0") == [0, 1, 2] and not (sweep / "2").exists()
+    stopped_at = len(steps(sweep / "1"))
+    refused = cli(f"resume={sweep}", "data_source.seed=4,5", ok=False)
+    assert "'data_source.seed=4,5' changes the sweep's jobs" in refused.stderr
+    cli(f"resume={sweep}", "num_rollout=4")
+    for job in ("0", "1", "2"):
+        assert steps(sweep / job) == [0, 1, 2, 3], job
+    log = (sweep / "1" / "run.log").read_text()
+    assert f"resume: {sweep / '1'} from checkpoint {stopped_at - 1}" in log or \
+        f"resume: {sweep / '1'} from checkpoint {stopped_at - 2}" in log
+    assert json.loads((sweep / "0" / CHANGES_FILE).read_text())["changes"] == {"num_rollout": [3, 4]}
+    assert not any("continue_sweep" in o for o in json.loads((sweep / "2" / RECORD_FILE).read_text())["overrides"])
+    for job in ("0", "1"):  # the first session's Hydra files are kept
+        assert "num_rollout=3" in (sweep / job / ".hydra" / "overrides.yaml").read_text()
+    assert (sweep / "summary.md").read_text().count("data_source.seed=") >= 3
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only dirs")
@@ -416,3 +454,19 @@ def test_written_files_honour_the_umask(tmp_path, umask):
     expected = 0o666 & ~umask
     for name in ("a.txt", "samples.jsonl", "td.safetensors", "td.json", "rollout_0.json", "plain.txt"):
         assert (tmp_path / name).stat().st_mode & 0o777 == expected, name
+
+
+def test_resume_of_a_sweep_dir_reruns_its_stored_sweep_into_it(tmp_path):
+    """The command line a sweep resume hands Hydra: the stored task and launcher overrides, the new
+    ones after them, continue_sweep, the same sweep dir and this session's Hydra subfolder."""
+    sweep = tmp_path / "sw"
+    (sweep / "0" / ".hydra").mkdir(parents=True)
+    (sweep / "multirun.yaml").write_text(
+        "hydra:\n  overrides:\n    hydra: [hydra.sweep.dir=/old/place, hydra.mode=MULTIRUN, hydra/launcher=ray]\n"
+        "    task: [experiment=smoke, 'data_source.seed=1,2', num_rollout=3]\n")
+    argv = prepare_argv(["run.py", f"resume={sweep}", "num_rollout=5", "hydra.verbose=true"])
+    assert argv[:6] == ["run.py", "-m", "experiment=smoke", "data_source.seed=1,2", "num_rollout=5",
+                        "continue_sweep=true"]
+    assert argv[6:9] == ["hydra/launcher=ray", "hydra.verbose=true", f"hydra.sweep.dir={sweep}"]
+    assert argv[9].startswith("hydra.output_subdir=.hydra/resume-") and len(argv) == 10
+    assert not (sweep / "0" / LOCK_FILE).exists()  # checked, not held: each job locks its own dir

@@ -10,7 +10,9 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from pipeline.plugins import ConfigError
 from pipeline.report.derived import add_zero_std_fractions
+from pipeline.run_record import read_record, run_overrides
 from pipeline.sinks.jsonl import read_metrics
 
 __all__ = ["NoMetricsError", "RunData", "find_runs", "load_run", "pass_rate_from_samples"]
@@ -78,21 +80,23 @@ def pass_rate_from_samples(path: Path, reward_key: str | None = None) -> float |
 
 
 def _config(run_dir: Path) -> dict[str, Any]:
-    """The run's composed config (`.hydra/config.yaml`, unresolved); {} when there is none."""
+    """The run's composed config (`.hydra/config.yaml`, unresolved, else the resolved one of its
+    record: a sweep job started by a resume keeps its Hydra files in `.hydra/resume-<time>/`)."""
     cfg = run_dir / ".hydra" / "config.yaml"
     if not cfg.exists():
-        return {}
+        try:
+            return (read_record(run_dir) or {}).get("config") or {}
+        except ConfigError:
+            return {}
     return OmegaConf.to_container(OmegaConf.load(cfg)) or {}
 
 
 def _overrides(run_dir: Path) -> dict[str, str]:
-    """`key=value` command-line overrides of a Hydra job (empty when there is no .hydra)."""
-    f = run_dir / ".hydra" / "overrides.yaml"
-    if not f.exists():
-        return {}
+    """`key=value` command-line overrides of the run as it stands (its record, which a resume
+    updates, else `.hydra/overrides.yaml`); empty when there are none."""
     out = {}
-    for item in OmegaConf.to_container(OmegaConf.load(f)) or []:
-        key, _, value = str(item).partition("=")
+    for item in run_overrides(run_dir):
+        key, _, value = item.partition("=")
         out[key.lstrip("+~")] = value
     return out
 

@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from pipeline.atomic import atomic_write_text
+from pipeline.run_record import run_overrides
 from pipeline.sinks.jsonl import read_metrics
 
 __all__ = ["SweepSummary", "summarize_sweep"]
@@ -27,8 +28,7 @@ def _job_rows(sweep_dir: Path) -> list[dict[str, Any]]:
     rows = []
     for metrics in sorted(sweep_dir.glob("*/metrics.jsonl"), key=lambda p: (len(p.parent.name), p.parent.name)):
         job = metrics.parent
-        overrides_file = job / ".hydra" / "overrides.yaml"
-        overrides = OmegaConf.to_container(OmegaConf.load(overrides_file)) if overrides_file.exists() else []
+        overrides = run_overrides(job)
         steps = read_metrics(metrics)
         final = steps[-1] if steps else {}
         rows.append({"job": job.name, "overrides": overrides, "final_step": final.get("step"),
