@@ -53,7 +53,7 @@ if __name__ == "__main__":
     except KeyboardInterrupt:  # outside a run's rollouts (a run handles its own: exit 130 and its resume command)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         sys.stderr.write("interrupted (Ctrl-C) while Hydra was setting up a run or between sweep jobs; finished "
-                         "runs are complete, and each finished sweep job can be continued with resume=<job dir>\n")
+                         "runs are complete; a sweep continues with python run.py resume=<sweep dir>\n")
         sys.exit(130)
     except SystemExit as exc:
         if exc.code == 130:  # interrupted: a second Ctrl-C does not turn the exit into a traceback

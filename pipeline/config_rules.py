@@ -12,8 +12,8 @@ import re
 from typing import Any
 
 from pipeline.engines.preflight import trainer_engine_problems
-from pipeline.plugins import (SLOTS, SLOTS_BY_NAME, ConfigError, Needs, check_allowed, check_call, load_object, provided,
-                              required)
+from pipeline.plugins import (SLOTS, SLOTS_BY_NAME, ConfigError, Needs, check_allowed, check_call, load_object,
+                              provided, required)
 from pipeline.plugins import target_of as _target
 from pipeline.rewards.preflight import reward_problems
 from pipeline.session import resume_target_problem

@@ -28,8 +28,8 @@ from pipeline.plugins import ConfigError
 from pipeline.sinks.redact import REDACTED, redact, redact_text
 
 __all__ = ["CHANGES_FILE", "MOVED_ENTRY_KEYS", "MOVED_KEYS", "OPT_IN", "RECORD_FILE", "check_resume_config",
-           "config_changes", "merge_overrides", "override_key", "read_changes", "read_record", "record_changes", "run_overrides", "upgrade_config",
-           "upgrade_overrides", "write_record"]
+           "config_changes", "merge_overrides", "override_key", "read_changes", "read_record", "record_changes",
+           "run_overrides", "upgrade_config", "upgrade_overrides", "write_record"]
 
 logger = logging.getLogger(__name__)
 
@@ -120,7 +120,8 @@ def upgrade_config(config: dict[str, Any]) -> dict[str, Any]:
 
 def merge_overrides(stored: list[str], new: list[str]) -> list[str]:
     """The stored overrides with those the new ones set again left out, then the new ones; session
-    keys (`resume`, `allow_config_change`, `continue_sweep`) and redacted secrets of the stored list are dropped."""
+    keys (`resume`, `allow_config_change`, `continue_sweep`) and redacted secrets of the stored list
+    are dropped."""
     new_keys = {override_key(o) for o in new}
     kept = [o for o in stored if override_key(o) not in new_keys and override_key(o) not in _SESSION_KEYS]
     secrets = [override_key(o) for o in kept if REDACTED in o]
@@ -195,7 +196,8 @@ def _covered(key: str, prefixes: list[str]) -> bool:
 
 def config_changes(stored: dict[str, Any], current: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
     """`{key: (stored, current)}` for every leaf that differs (redacted stored values, the session
-    keys `resume`, `allow_config_change`, the run dir `paths.output_dir` and cache folders do not count)."""
+    keys `resume`, `allow_config_change`, the run dir `paths.output_dir` and cache folders do not
+    count)."""
     old, new = _flatten(stored), _flatten(current)
     changes = {}
     for key in sorted(set(old) | set(new)):

@@ -3,9 +3,9 @@
 `prepare_argv(argv)` (called by `run.py`) turns `python run.py resume=X [overrides]` into the
 stored overrides of X (`pipeline.run_record`) followed by the new ones, writing into X itself
 (`hydra.run.dir=X`) with this session's Hydra files in `X/.hydra/resume-<time>/` (the original
-run's `.hydra/*.yaml` stay as they were). Before Hydra writes anything it checks that X is a run
-dir (a sweep dir gets the list of its job dirs), that X is writable, and locks X
-(`pipeline.run_lock`), so a resume of a live run fails at once. A fresh run into an explicit
+run's `.hydra/*.yaml` stay as they were); a sweep dir X continues the whole sweep
+(`pipeline.sweep_resume`). Before Hydra writes anything it checks that X is a run dir, that X
+is writable, and locks X (`pipeline.run_lock`), so a resume of a live run fails at once. A fresh run into an explicit
 `hydra.run.dir` that a live run holds fails the same way, and so does one into a dir (or a sweep
 into a `hydra.sweep.dir`) that holds a run with a checkpoint (`existing_run_problem`): a fresh
 run there would truncate that run's metrics, prune its checkpoints and overwrite its record.
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import re
-import shlex
 import shutil
 import tempfile
 import time
@@ -30,8 +29,7 @@ from pipeline.run_record import (OPT_IN, RECORD_FILE, merge_overrides, override_
 from pipeline.sweep_resume import is_sweep_dir, job_dirs, sweep_resume_argv
 
 __all__ = ["SESSION_PREFIX", "discard_session_files", "existing_run_problem", "has_checkpoint", "interrupt_hint",
-           "prepare_argv",
-           "resume_target_problem", "session_subdir", "store_record"]
+           "prepare_argv", "resume_target_problem", "session_subdir", "store_record"]
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +100,8 @@ def _not_a_folder(key: str, path: str) -> str | None:
     """Why `path` (or a folder above it) cannot become the run's folder: it is a file."""
     for p in (Path(path), *Path(path).parents):
         if p.exists() and not p.is_dir():
-            return f"{key}={path}: {p} is a file, not a folder; the run writes its files into a folder: choose another path"
+            return (f"{key}={path}: {p} is a file, not a folder; the run writes its files into a folder: choose "
+                    f"another path")
         if p.is_dir():
             return None
     return None

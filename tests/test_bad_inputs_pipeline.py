@@ -272,8 +272,8 @@ CASES: dict[str, Callable[[Path], str]] = {
     "unknown-rm-type": _unknown_rm_type,
     # plugins
     "plugin-does-not-import": lambda t: _app(t, "rollout.path=tests.no_such_module.generate"),
-    "reward-fn-does-not-import": lambda t: _app(t, "rollout=engine", "reward=custom", "reward.custom_rm_path=myplug.reward",
-                                                "allowed_targets_extra=[myplug.]"),
+    "reward-fn-does-not-import": lambda t: _app(t, "rollout=engine", "reward=custom",
+                                                "reward.custom_rm_path=myplug.reward", "allowed_targets_extra=[myplug.]"),
     "plugin-no-such-function": lambda t: _app(t, f"rollout.path={ME}.no_such_function"),
     "filter-wrong-signature": lambda t: _app(t, "data_source=buffered", f"filter.path={ME}.filter_two_args"),
     "rollout-wrong-signature": lambda t: _app(t, f"rollout.path={ME}.rollout_one_arg"),

@@ -249,8 +249,8 @@ def test_the_bundled_data_named_from_another_folder_says_where_the_project_is(tm
     root = CONF.parent
     hint = f"it is in the project folder {root}: run from there (cd {root}) or set PROJECT_ROOT={root}"
     assert f"data_source.prompt_data: './data/math_train.jsonl' does not exist (cwd {tmp_path}); " in str(err.value)
-    assert f"eval.datasets[0].prompt_data: './data/math_eval.jsonl' does not exist; expected an eval prompt file; {hint}" \
-        in str(err.value)
+    assert f"eval.datasets[0].prompt_data: './data/math_eval.jsonl' does not exist; expected an eval prompt " \
+           f"file; {hint}" in str(err.value)
     assert str(err.value).count(hint) == 2
     monkeypatch.setenv("PROJECT_ROOT", str(root))
     validate(compose_cfg(["paths.output_dir=out", "engine=scripted", "logger=jsonl", "eval=engine", "eval_interval=1"]))

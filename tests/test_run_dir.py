@@ -353,7 +353,7 @@ def test_a_run_stopped_before_its_first_checkpoint_is_started_again_by_the_same_
     argv = ["run.py", "experiment=smoke", f"hydra.run.dir={early}"]
     assert prepare_argv(argv) == argv
     (early / "checkpoints" / "rollout_9.json").write_text("{}")
-    with pytest.raises(ConfigError, match=rf"hydra.run.dir={early} already holds a run \(newest checkpoint: rollout 9\)"):
+    with pytest.raises(ConfigError, match=rf"hydra.run.dir={early} already holds a run \(newest checkpoint: rollout 9"):
         prepare_argv(argv)
 
 
