@@ -32,10 +32,13 @@ def main(cfg: DictConfig) -> None:
 
     A single run refused at pre-flight (a `ConfigError`: the message lists each key and what was
     expected) ends with that message and exit code 1, not a traceback; in a sweep the error is
-    Hydra's to report per job, so the other jobs still run.
+    Hydra's to report per job, so the other jobs still run. A run dir that a live run holds ends
+    the command with its message (in a sweep too: it is a job another command is running).
     """
     try:
         run(cfg)
+    except RunDirLocked as exc:  # a live run writes there (a sweep's job, or a dir the checks before Hydra missed)
+        sys.exit(f"Error: {exc}")
     except ConfigError as exc:
         if HydraConfig.get().mode == RunMode.MULTIRUN:
             raise

@@ -115,9 +115,9 @@ def _sweep_problem(sweep_dir: str) -> str | None:
     if not taken:
         return None
     return (f"hydra.sweep.dir={sweep_dir} already holds a sweep (jobs with checkpoints: "
-            f"{', '.join(j.name for j in taken)}); a new sweep there would overwrite its jobs. Start it beside "
-            f"it with {unique_dir_arg('hydra.sweep.dir', sweep_dir)} or another dir; continue "
-            f"one of its jobs with {command_arg('resume', str(taken[0]))}")
+            f"{', '.join(j.name for j in taken)}); a new sweep there would overwrite its jobs. Continue that "
+            f"sweep with\n  python run.py {command_arg('resume', sweep_dir)}\nor start a new one beside it with "
+            f"{unique_dir_arg('hydra.sweep.dir', sweep_dir)} or another dir")
 
 
 def _job_label(job: Path) -> str:
@@ -152,8 +152,10 @@ def prepare_argv(argv: list[str]) -> list[str]:
             return argv
         if any(a in _MULTIRUN_FLAGS for a in args):
             sweep_dirs = [override_value(a) for a in args if _is_override(a) and override_key(a) == "hydra.sweep.dir"]
-            problem = (_not_a_folder("hydra.sweep.dir", sweep_dirs[-1]) or _sweep_problem(sweep_dirs[-1])
-                       if sweep_dirs else None)
+            continues = any(override_key(a) == "continue_sweep" and override_value(a).lower() == "true"
+                            for a in args if _is_override(a))
+            problem = (_not_a_folder("hydra.sweep.dir", sweep_dirs[-1])
+                       or (None if continues else _sweep_problem(sweep_dirs[-1])) if sweep_dirs else None)
         elif run_dirs:
             if (Path(run_dirs[-1]) / LOCK_FILE).is_file():
                 acquire(run_dirs[-1], defer_log=True)  # a live run there: fail before Hydra rewrites its .hydra files

@@ -340,7 +340,7 @@ def test_a_fresh_run_into_a_dir_holding_a_run_is_refused_and_leaves_it_as_it_was
     kept = {p: p.read_bytes() for p in sweep.rglob("*") if p.is_file()}
     refused = cli("-m", *EXPERIMENT, "num_rollout=1", "data_source.seed=1,2", f"hydra.sweep.dir={sweep}", ok=False)
     assert f"hydra.sweep.dir={sweep} already holds a sweep (jobs with checkpoints: 0, 1)" in refused.stderr
-    assert f"resume={sweep / '0'}" in refused.stderr
+    assert f"Continue that sweep with\n  python run.py resume={sweep}\n" in refused.stderr
     assert {p: p.read_bytes() for p in sweep.rglob("*") if p.is_file()} == kept
 
 
