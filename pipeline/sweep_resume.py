@@ -5,7 +5,7 @@ Hydra numbers the jobs as before, with `continue_sweep=true`: a job whose dir ho
 continues from it (a resume of that job, checked against its stored config like any resume), a
 job that never started or stopped before its first checkpoint starts fresh, and a finished job
 has nothing to run. New overrides apply to every job; they may change resume-safe keys
-(`num_rollout=...`) but not the sweep's shape (no `a,b` values). Each session's Hydra files go to
+(`num_rollout=...`) but not the sweep's shape (no `a,b` values, no new value for a swept key). Each session's Hydra files go to
 `.hydra/resume-<time>/` of every job, leaving the original ones as they were.
 """
 
@@ -73,6 +73,12 @@ def sweep_resume_argv(prog: str, sweep: Path, overrides: list[str], flags: list[
                           f"jobs it has (new values apply to each, e.g. num_rollout=20): start a new sweep for "
                           f"other combinations")
     stored_task, stored_hydra = _stored_overrides(sweep)
+    swept = {override_key(o): o for o in stored_task if _is_sweep_value(o)}
+    narrowed = [o for o in task if override_key(o) in swept]
+    if narrowed:
+        raise ConfigError(f"resume: {narrowed[0]!r} sets a key this sweep sweeps "
+                          f"({swept[override_key(narrowed[0])]}); a resume of a sweep continues all its jobs: "
+                          f"continue one of them with resume=<job dir>")
     if runs:
         for job in job_dirs(sweep):
             if (job / LOCK_FILE).is_file():

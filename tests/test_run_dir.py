@@ -470,3 +470,7 @@ def test_resume_of_a_sweep_dir_reruns_its_stored_sweep_into_it(tmp_path):
     assert argv[6:9] == ["hydra/launcher=ray", "hydra.verbose=true", f"hydra.sweep.dir={sweep}"]
     assert argv[9].startswith("hydra.output_subdir=.hydra/resume-") and len(argv) == 10
     assert not (sweep / "0" / LOCK_FILE).exists()  # checked, not held: each job locks its own dir
+    with pytest.raises(ConfigError, match=r"'data_source.seed=2' sets a key this sweep sweeps \(data_source.seed=1,2\)"):
+        prepare_argv(["run.py", f"resume={sweep}", "data_source.seed=2"])  # would renumber the jobs
+    with pytest.raises(ConfigError, match=r"'data_source.seed=3,4' changes the sweep's jobs"):
+        prepare_argv(["run.py", f"resume={sweep}", "data_source.seed=3,4"])
