@@ -20,7 +20,8 @@ from pipeline.parts import build_parts, build_slot, build_stages
 from pipeline.plugins import SLOTS_BY_NAME, ConfigError, allowed_targets
 from pipeline.run_record import check_resume_config, read_changes, read_record
 from pipeline.runner import Pipeline
-from pipeline.session import discard_session_files, existing_run_problem, has_checkpoint, interrupt_hint, store_record
+from pipeline.session import (discard_session_files, existing_run_problem, has_checkpoint, hydra_config, interrupt_hint,
+                              store_record)
 from pipeline.sinks.jsonl import MetricsJsonl
 
 __all__ = ["build_parts", "run", "run_identity"]
@@ -28,32 +29,28 @@ __all__ = ["build_parts", "run", "run_identity"]
 logger = logging.getLogger(__name__)
 
 
+def _multirun(hc: Any) -> bool:
+    from hydra.types import RunMode
+
+    return hc is not None and hc.mode == RunMode.MULTIRUN
+
+
 def run_identity(plain: dict[str, Any]) -> tuple[str, str | None]:
     """(run name, wandb group): a single run is named after its run dir plus the command-line
     overrides; a sweep job after its overrides, grouped by the sweep folder name."""
     run_dir_name = os.path.basename(os.path.normpath(plain["paths"]["output_dir"]))
-    try:
-        from hydra.core.hydra_config import HydraConfig
-        from hydra.types import RunMode
-
-        hc = HydraConfig.get()
-    except (ImportError, ValueError):
+    hc = hydra_config()
+    if hc is None:
         return run_dir_name, None
-    if hc.mode == RunMode.MULTIRUN:
+    if _multirun(hc):
         return hc.job.override_dirname or hc.job.name, os.path.basename(os.path.normpath(hc.sweep.dir))
     return " ".join(filter(None, (run_dir_name, hc.job.override_dirname))), None
 
 
 def _sweep_dir() -> str | None:
     """The sweep dir of this job when it is one job of a sweep (`-m`); else None."""
-    try:
-        from hydra.core.hydra_config import HydraConfig
-        from hydra.types import RunMode
-
-        hc = HydraConfig.get()
-    except (ImportError, ValueError):
-        return None
-    return os.path.abspath(hc.sweep.dir) if hc.mode == RunMode.MULTIRUN else None
+    hc = hydra_config()
+    return os.path.abspath(hc.sweep.dir) if _multirun(hc) else None
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import re
 import shlex
 from typing import Any
 
-__all__ = ["command_arg", "hydra_quoted", "override_value", "unique_dir_arg"]
+__all__ = ["command_arg", "hydra_quoted", "is_sweep_override", "override_value", "unique_dir_arg"]
 
 # values Hydra's grammar reads back unchanged without quotes
 _PLAIN = re.compile(r"[A-Za-z0-9_./:@+~%-]+")
@@ -62,3 +62,12 @@ def override_value(arg: str) -> str:
     except Exception:  # noqa: BLE001 - Hydra's grammar refuses it: the text as typed
         return raw
     return value if isinstance(value, str) else raw
+
+
+def is_sweep_override(arg: str) -> bool:
+    """Whether Hydra reads the override `arg` as a sweep (`a,b`, `range(...)`, `glob(...)`); False
+    for one it refuses (Hydra reports that itself)."""
+    try:
+        return _parser().parse_override(arg).is_sweep_override()
+    except Exception:  # noqa: BLE001 - a malformed override is not a sweep
+        return False

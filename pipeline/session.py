@@ -5,22 +5,23 @@ stored overrides of X (`pipeline.run_record`) followed by the new ones, writing 
 (`hydra.run.dir=X`) with this session's Hydra files in `X/.hydra/resume-<time>/` (the original
 run's `.hydra/*.yaml` stay as they were); a sweep dir X continues the whole sweep
 (`pipeline.sweep_resume`). Before Hydra writes anything it checks that X is a run dir, that X
-is writable, and locks X (`pipeline.run_lock`), so a resume of a live run fails at once. A fresh run into an explicit
-`hydra.run.dir` that a live run holds fails the same way, and so does one into a dir (or a sweep
-into a `hydra.sweep.dir`) that holds a run with a checkpoint (`existing_run_problem`): a fresh
-run there would truncate that run's metrics, prune its checkpoints and overwrite its record.
+is writable, and locks X (`pipeline.run_lock`), so a resume of a live run fails at once. A
+fresh run into an explicit `hydra.run.dir` that a live run holds fails the same way, and so
+does one into a dir (or a sweep into a `hydra.sweep.dir`) that holds a run with a checkpoint
+(`existing_run_problem`): a fresh run there would truncate that run's metrics, prune its
+checkpoints and overwrite its record.
 """
 
 from __future__ import annotations
 
 import logging
-import re
 import shutil
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from pipeline.data.checkpoint import list_checkpoints
 from pipeline.overrides import command_arg, hydra_quoted, override_value, unique_dir_arg
 from pipeline.plugins import ConfigError
 from pipeline.run_lock import LOCK_FILE, acquire
@@ -28,8 +29,8 @@ from pipeline.run_record import (OPT_IN, RECORD_FILE, merge_overrides, override_
                                  upgrade_overrides, write_record)
 from pipeline.sweep_resume import is_sweep_dir, job_dirs, sweep_resume_argv
 
-__all__ = ["SESSION_PREFIX", "discard_session_files", "existing_run_problem", "has_checkpoint", "interrupt_hint",
-           "prepare_argv", "resume_target_problem", "session_subdir", "store_record"]
+__all__ = ["SESSION_PREFIX", "discard_session_files", "existing_run_problem", "has_checkpoint", "hydra_config",
+           "interrupt_hint", "prepare_argv", "resume_target_problem", "session_subdir", "store_record"]
 
 logger = logging.getLogger(__name__)
 
@@ -71,8 +72,7 @@ def resume_target_problem(resume: str) -> str | None:
 
 def _checkpoint_ids(run_dir: Path) -> list[int]:
     """The rollout ids of the complete checkpoint files in `run_dir/checkpoints` (no `.tmp`)."""
-    return [int(m.group(1)) for p in (run_dir / "checkpoints").glob("rollout_*.json")
-            if (m := re.fullmatch(r"rollout_(\d+)\.json", p.name))]
+    return [rollout_id for rollout_id, _ in list_checkpoints(run_dir / "checkpoints")]
 
 
 def has_checkpoint(run_dir: str) -> bool:
@@ -120,6 +120,29 @@ def _sweep_problem(sweep_dir: str) -> str | None:
             f"{unique_dir_arg('hydra.sweep.dir', sweep_dir)} or another dir")
 
 
+def _values(args: list[str], key: str) -> list[str]:
+    """The values (as Hydra reads them) of the overrides of `key` in `args`, in order."""
+    return [override_value(a) for a in args if _is_override(a) and override_key(a) == key]
+
+
+def _fresh_target_problem(args: list[str]) -> str | None:
+    """Why the explicit run dir (or sweep dir) of a fresh run cannot take it; a live run there
+    raises RunDirLocked before Hydra rewrites its `.hydra` files."""
+    if any(a in _MULTIRUN_FLAGS for a in args):
+        sweep_dirs = _values(args, "hydra.sweep.dir")
+        if not sweep_dirs:
+            return None
+        continues = any(v.lower() == "true" for v in _values(args, "continue_sweep"))
+        return _not_a_folder("hydra.sweep.dir", sweep_dirs[-1]) or (
+            None if continues else _sweep_problem(sweep_dirs[-1]))
+    run_dirs = _values(args, "hydra.run.dir")
+    if not run_dirs:
+        return None
+    if (Path(run_dirs[-1]) / LOCK_FILE).is_file():
+        acquire(run_dirs[-1], defer_log=True)
+    return _not_a_folder("hydra.run.dir", run_dirs[-1]) or existing_run_problem(run_dirs[-1])
+
+
 def _job_label(job: Path) -> str:
     try:
         record = read_record(job)
@@ -145,23 +168,10 @@ def prepare_argv(argv: list[str]) -> list[str]:
     argv = [argv[0], *upgrade_overrides(argv[1:])]
     args = argv[1:]
     runs = not any(a.split("=", 1)[0] in _NO_RUN_FLAGS for a in args)
-    resume = next((override_value(a) for a in args if _is_override(a) and override_key(a) == "resume"), None)
-    run_dirs = [override_value(a) for a in args if _is_override(a) and override_key(a) == "hydra.run.dir"]
+    resume = next(iter(_values(args, "resume")), None)
+    run_dirs = _values(args, "hydra.run.dir")
     if resume in (None, "", "null"):
-        if not runs:
-            return argv
-        if any(a in _MULTIRUN_FLAGS for a in args):
-            sweep_dirs = [override_value(a) for a in args if _is_override(a) and override_key(a) == "hydra.sweep.dir"]
-            continues = any(override_key(a) == "continue_sweep" and override_value(a).lower() == "true"
-                            for a in args if _is_override(a))
-            problem = (_not_a_folder("hydra.sweep.dir", sweep_dirs[-1])
-                       or (None if continues else _sweep_problem(sweep_dirs[-1])) if sweep_dirs else None)
-        elif run_dirs:
-            if (Path(run_dirs[-1]) / LOCK_FILE).is_file():
-                acquire(run_dirs[-1], defer_log=True)  # a live run there: fail before Hydra rewrites its .hydra files
-            problem = _not_a_folder("hydra.run.dir", run_dirs[-1]) or existing_run_problem(run_dirs[-1])
-        else:
-            problem = None
+        problem = _fresh_target_problem(args) if runs else None
         if problem:
             raise ConfigError(problem)
         return argv
@@ -191,7 +201,7 @@ def prepare_argv(argv: list[str]) -> list[str]:
     return [argv[0], *flags, *restored, *hydra]
 
 
-def _hydra_config() -> Any:
+def hydra_config() -> Any:
     """Hydra's config of the running job; None outside a Hydra run (a test composing a config)."""
     try:
         from hydra.core.hydra_config import HydraConfig
@@ -205,7 +215,7 @@ def discard_session_files(resumed: bool) -> None:
     """Remove what Hydra wrote for a command refused at pre-flight: a fresh run's (or sweep job's)
     dir when it holds nothing else, or a resume's `.hydra/resume-<time>/`. Outside a Hydra run
     there is nothing to remove."""
-    hc = _hydra_config()
+    hc = hydra_config()
     if hc is None:
         return
     out = Path(hc.runtime.output_dir)
@@ -222,7 +232,7 @@ def store_record(run_dir: str, plain: dict[str, Any], name: str, record: dict[st
                  changes: dict[str, tuple[Any, Any]], start_rollout_id: int) -> None:
     """Write the run record (this session's overrides and config) and log and record `changes`
     (a resume's config changes, taking effect at `start_rollout_id`)."""
-    hc = _hydra_config()
+    hc = hydra_config()
     overrides = list(hc.overrides.task) if hc is not None else list((record or {}).get("overrides", []))
     if changes:
         listed = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changes.items())

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.overrides import hydra_quoted
+from pipeline.overrides import hydra_quoted, is_sweep_override
 from pipeline.plugins import ConfigError
 from pipeline.run_lock import LOCK_FILE, acquire, release
 from pipeline.run_record import RECORD_FILE, merge_overrides, override_key, upgrade_overrides
@@ -50,15 +50,6 @@ def _stored_overrides(sweep: Path) -> tuple[list[str], list[str]]:
                           f"continue its jobs one by one with resume=<job dir>") from exc
 
 
-def _is_sweep_value(arg: str) -> bool:
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    try:
-        return OverridesParser.create().parse_override(arg).is_sweep_override()
-    except Exception:  # noqa: BLE001 - Hydra reports a malformed override itself
-        return False
-
-
 def sweep_resume_argv(prog: str, sweep: Path, overrides: list[str], flags: list[str], subdir: str,
                       runs: bool) -> list[str]:
     """The `-m` command line that continues the sweep in `sweep` with the new `overrides` (no
@@ -67,13 +58,13 @@ def sweep_resume_argv(prog: str, sweep: Path, overrides: list[str], flags: list[
     task = [o for o in overrides if not override_key(o).startswith(("hydra.", "hydra/"))]
     hydra = [o for o in overrides if override_key(o).startswith(("hydra.", "hydra/"))
              and override_key(o) not in _OWN_HYDRA_KEYS]
-    reshaped = [o for o in task if _is_sweep_value(o)]
+    reshaped = [o for o in task if is_sweep_override(o)]
     if reshaped:
         raise ConfigError(f"resume: {reshaped[0]!r} changes the sweep's jobs; a resume of a sweep continues the "
                           f"jobs it has (new values apply to each, e.g. num_rollout=20): start a new sweep for "
                           f"other combinations")
     stored_task, stored_hydra = _stored_overrides(sweep)
-    swept = {override_key(o): o for o in stored_task if _is_sweep_value(o)}
+    swept = {override_key(o): o for o in stored_task if is_sweep_override(o)}
     narrowed = [o for o in task if override_key(o) in swept]
     if narrowed:
         raise ConfigError(f"resume: {narrowed[0]!r} sets a key this sweep sweeps "
