@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["flatten_group", "first_index", "group_key", "buffer_size"]
+__all__ = ["flatten_group", "first_index", "group_key", "buffer_size", "response_tokens"]
 
 
 def flatten_group(group: list[Any]) -> list[Any]:
@@ -13,6 +13,11 @@ def flatten_group(group: list[Any]) -> list[Any]:
     for item in group:
         out.extend(item if isinstance(item, list) else [item])
     return out
+
+
+def response_tokens(group: list[Any]) -> int:
+    """Response tokens the group's samples hold (fan-outs expanded)."""
+    return sum(int(s.response_length) for s in flatten_group(group))
 
 
 def first_index(group: list[Any]) -> int:

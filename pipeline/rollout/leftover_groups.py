@@ -16,7 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.rollout.groups import flatten_group
+from pipeline.rollout.groups import flatten_group, response_tokens
 from pipeline.rollout.sample_generate import GenContext, is_finished, reset_sample
 from pipeline.sample import Sample
 
@@ -78,6 +78,14 @@ class LeftoverGroups:
         return (owner.finish_surplus and self.buffered and owner.carry_surplus and not owner.deterministic
                 and not self.args.partial_rollout)
 
+    def _count_waste(self, flight: Flight) -> None:
+        """Count the tokens of a group about to be thrown away (dropped or reset): those generated
+        in this rollout in rollout/wasted_tokens, those it brought from the buffer (generated in
+        earlier rollouts: carried surplus, continued partial responses) in
+        rollout/wasted_buffer_tokens. Call it before the samples are reset."""
+        self.count["wasted_tokens"] += flight.tokens
+        self.count["wasted_buffer_tokens"] += max(0, response_tokens(flight.group) - flight.tokens)
+
     def _mark_start(self, samples: list[Any]) -> None:
         for s in samples:
             if s.response_length and "start_rollout_id" not in s.metadata:
@@ -89,15 +97,15 @@ class LeftoverGroups:
             if self.engine_rollout.deterministic:
                 # whether a surplus group finished before the batch filled depends on timing:
                 # carry it as fresh prompts so the buffer (and its regeneration) is the same
+                self._count_waste(flight)
                 for s in flight.group:
                     reset_sample(s)
-                self.count["wasted_tokens"] += flight.tokens
             self._mark_start(flight.group)
             self._pending_buffer.append(flight.group)
             self.count["surplus_groups_carried"] += 1
         else:
             self.count["surplus_groups_dropped"] += 1
-            self.count["wasted_tokens"] += flight.tokens
+            self._count_waste(flight)
 
     def _park_unfinished(self, flight: Flight, pending: list[list[Any]]) -> None:
         """An unfinished group: to the buffer to be continued (partial_rollout), to the buffer as
@@ -108,8 +116,10 @@ class LeftoverGroups:
             self.engine_rollout.deterministic or self._unstarted(flight))
         if not partial and not restart:
             self.count["aborted_groups_dropped"] += 1
-            self.count["wasted_tokens"] += flight.tokens
+            self._count_waste(flight)
             return
+        if self.engine_rollout.deterministic:
+            self._count_waste(flight)  # every sample restarts from its prompt (below)
         group = []
         for pos, item in enumerate(flight.group):
             if isinstance(item, list):  # a fan-out cannot be continued: restart its sample
@@ -119,8 +129,6 @@ class LeftoverGroups:
                 # what got generated before the abort depends on timing; seeded regeneration does not
                 reset_sample(item)
             group.append(item)
-        if self.engine_rollout.deterministic:
-            self.count["wasted_tokens"] += flight.tokens
         self._mark_start(group)
         pending.append(group)
         self.count["aborted_groups_to_buffer" if partial else "aborted_groups_restarted"] += 1

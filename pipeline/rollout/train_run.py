@@ -35,7 +35,7 @@ from collections import Counter
 from typing import Any
 
 from pipeline.rollout.contracts import RolloutFnTrainOutput, as_filter_output
-from pipeline.rollout.groups import buffer_size, first_index, flatten_group, group_key
+from pipeline.rollout.groups import buffer_size, first_index, flatten_group, group_key, response_tokens
 from pipeline.rollout.leftover_groups import Flight, LeftoverGroups
 from pipeline.rollout.rollout_report import Progress, format_summary
 from pipeline.rollout.sample_generate import (
@@ -200,7 +200,7 @@ class TrainRun(LeftoverGroups):
         ):
             self.dropped += 1
             self.count[f"dynamic_filter/drop_{verdict.reason or 'filtered'}"] += 1
-            self.count["wasted_tokens"] += flight.tokens
+            self._count_waste(flight)
             return
         self.kept.append(flight)
         if verdict is not None and not verdict.keep:
@@ -215,6 +215,7 @@ class TrainRun(LeftoverGroups):
         items = flight.group
         if items and not any(isinstance(s, list) for s in items) and all(is_finished(s) for s in items):
             if group_staleness(items, self.serving_version()) > self.engine_rollout.surplus_max_staleness:
+                self.count["wasted_buffer_tokens"] += response_tokens(items)
                 for s in items:
                     reset_sample(s)
                 self.count["stale_groups_regenerated"] += 1
@@ -282,7 +283,7 @@ class TrainRun(LeftoverGroups):
             "aborted_groups_to_buffer", "aborted_groups_dropped", "aborted_groups_restarted",
             "surplus_groups_carried", "surplus_groups_dropped", "surplus_groups_finished", "surplus_groups_reused",
             "stale_groups_regenerated",
-            "groups_from_buffer", "groups_to_buffer", "wasted_tokens")}
+            "groups_from_buffer", "groups_to_buffer", "wasted_tokens", "wasted_buffer_tokens")}
         m.update({f"rollout/{k}": v for k, v in self.count.items()})
         m["rollout/groups_submitted"] = self.submitted
         m["rollout/groups_dropped"] = self.dropped

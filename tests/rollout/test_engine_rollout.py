@@ -166,6 +166,7 @@ def test_surplus_is_carried_reused_and_stale_regenerated(make_rollout, make_sour
         assert all(s.status == Sample.Status.COMPLETED and s.reward is not None for s in g)
         assert all(s.metadata["start_rollout_id"] == 0 for s in g)
     reused_ids = [g[0].index for g in src.buffer[:2]]
+    assert m0["rollout/wasted_buffer_tokens"] == 0  # nothing came from the buffer
     n_requests = len(engine.requests)
     out1 = rollout(make_args(rollout_batch_size=2, n_samples_per_prompt=2), 1, src)
     assert [g[0].index for g in out1.samples] == reused_ids
@@ -184,13 +185,41 @@ def test_surplus_is_carried_reused_and_stale_regenerated(make_rollout, make_sour
         # two versions behind, over the bound of 1: regenerated instead of reused
         engine.update_weights({}, 2)
         stale = src.buffer[0]
+        stale_tokens = sum(s.response_length for s in stale)
         out3 = rollout(make_args(rollout_batch_size=1, n_samples_per_prompt=2), 3, src)
         assert out3.metrics["rollout/stale_groups_regenerated"] == 1
+        # its old responses are thrown away: tokens of an earlier rollout
+        assert out3.metrics["rollout/wasted_buffer_tokens"] == stale_tokens > 0
+        assert out3.metrics["rollout/wasted_tokens"] == 0
         assert len(engine.requests) > n_requests
         assert out3.samples[0][0].index == stale[0].index
         assert out3.samples[0][0].weight_versions == ["2"]
         assert out3.metrics["rollout/weight_staleness"] == 0.0
         assert all("start_rollout_id" not in s.metadata for s in out3.samples[0])
+
+
+def drop_carried(args: Any, samples: list[Sample], **kw: Any) -> DynamicFilterOutput:
+    """Drops the groups an earlier rollout generated (carried surplus)."""
+    keep = "start_rollout_id" not in samples[0].metadata
+    return DynamicFilterOutput(keep=keep, reason=None if keep else "carried")
+
+
+def test_carried_groups_the_filter_drops_count_as_buffer_waste(make_rollout, make_source):
+    engine = SpyEngine()
+    src = make_source(n=2)
+    out0 = make_rollout(engine)(make_args(rollout_batch_size=2, n_samples_per_prompt=2,
+                                          over_sampling_batch_size=8), 0, src)
+    carried = [list(g) for g in src.buffer]
+    assert carried and out0.metrics["rollout/wasted_buffer_tokens"] == 0
+    carried_tokens = sum(s.response_length for g in carried for s in g)
+    out1 = make_rollout(engine, dynamic_filter=drop_carried, finish_surplus=False)(
+        make_args(rollout_batch_size=1, n_samples_per_prompt=2, over_sampling_batch_size=1), 1, src)
+    m = out1.metrics
+    assert m["rollout/dynamic_filter/drop_carried"] == len(carried) == m["rollout/groups_from_buffer"]
+    # the carried groups' tokens were made in rollout 0: not this rollout's generation
+    assert m["rollout/wasted_buffer_tokens"] == carried_tokens > 0
+    assert m["rollout/tokens_generated"] == sum(s.response_length for g in out1.samples for s in g) \
+        + sum(s.response_length for g in src.buffer for s in g) + m["rollout/wasted_tokens"]
 
 
 def test_surplus_without_buffer_is_counted_dropped(make_rollout, make_source):

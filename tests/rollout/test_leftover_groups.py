@@ -95,6 +95,7 @@ def test_dropped_surplus_groups_count_their_tokens_as_wasted():
     run.count["wasted_tokens"] = 5
     assert finish(run, Flight(0, [done(0)], tokens=7), Flight(1, [done(1)], tokens=4)) == []
     assert run.count["surplus_groups_dropped"] == 2 and run.count["wasted_tokens"] == 16
+    assert run.count["wasted_buffer_tokens"] == 0  # all made in this rollout
 
 
 def test_continued_groups_keep_the_rollout_they_started_in():
@@ -153,3 +154,29 @@ def test_an_aborted_group_with_tokens_generated_now_is_dropped_without_partial_r
     run = Run()
     assert finish(run, Flight(0, [cut(0, response_length=0)], tokens=1)) == []
     assert run.count["aborted_groups_dropped"] == 1 and run.count["wasted_tokens"] == 1
+    assert run.count["wasted_buffer_tokens"] == 0
+
+
+def test_a_dropped_group_counts_tokens_of_earlier_rollouts_apart_from_this_ones():
+    # no partial rollout: an aborted group holding a response from an earlier rollout (1 token)
+    # and one made now (2 tokens) is dropped; both are thrown away, counted apart
+    run = Run()
+    group = [cut(0, response_length=1, start_rollout_id=1), cut(1, response_length=2)]
+    assert finish(run, Flight(0, group, tokens=2)) == []
+    assert run.count["aborted_groups_dropped"] == 1
+    assert run.count["wasted_tokens"] == 2 and run.count["wasted_buffer_tokens"] == 1
+
+
+def test_deterministic_restarts_count_the_continued_part_as_buffer_waste():
+    run = Run(partial_rollout=True, deterministic=True)
+    a = cut(0, response_length=3, start_rollout_id=1)  # 2 tokens from an earlier rollout, 1 now
+    (group,) = finish(run, Flight(0, [a], tokens=1))
+    assert group == [a] and a.response_length == 0
+    assert run.count["wasted_tokens"] == 1 and run.count["wasted_buffer_tokens"] == 2
+
+
+def test_a_continued_group_carried_on_wastes_nothing():
+    run = Run(partial_rollout=True)
+    a = cut(0, response_length=3, start_rollout_id=1)
+    assert finish(run, Flight(0, [a], tokens=1)) == [[a]]
+    assert run.count["wasted_tokens"] == 0 and run.count["wasted_buffer_tokens"] == 0
