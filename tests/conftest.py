@@ -78,7 +78,7 @@ def pytest_collection_modifyitems(config, items) -> None:
     long ones first leave short ones to even out the end; a file's own order stays.
     `ROLLOUT_PIPELINE_TEST_TIMEOUT_CAP=S` caps every test's time limit at S seconds (the mutation
     run sets it: a mutant that hangs a test costs S, not the test's full limit)."""
-    if os.environ.get("PYTEST_XDIST_WORKER"):
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker
         slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
         items.sort(key=lambda item: item.path not in slow)
     cap = float(os.environ.get("ROLLOUT_PIPELINE_TEST_TIMEOUT_CAP", "0") or 0)
