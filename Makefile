@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.installed
 ARGS   ?=
 PYTEST_ARGS ?=
 
-.PHONY: run test test-fast test-vllm bench-data bench-engine bench-trainer bench-learn venv mutation
+.PHONY: run test test-fast test-vllm bench-data bench-engine bench-cli bench-trainer bench-learn venv mutation
 
 venv: $(STAMP)
 
@@ -41,6 +41,11 @@ bench-data: $(STAMP)
 
 bench-engine: $(STAMP)
 	$(PY) bench/engine.py
+
+# run.py's --help, pre-flight, start-up, shut-down and export times, this checkout against
+# another git revision side by side: make bench-cli ARGS="--before <rev>"
+bench-cli: $(STAMP)
+	$(PY) bench/cli.py $(ARGS)
 
 # experiment=learn for 3 seeds: minutes to held-out pass@1 >= 0.8, s/step split, sweep report PNG
 bench-learn: $(STAMP)

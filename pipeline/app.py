@@ -16,15 +16,13 @@ from omegaconf import DictConfig
 from pipeline import run_lock
 from pipeline.config import SlimeArgs, to_plain, validate
 from pipeline.logging_setup import RunProgress, configure_console, progress_logger
-from pipeline.parts import build_parts, build_slot, build_stages
 from pipeline.plugins import SLOTS_BY_NAME, ConfigError, allowed_targets
 from pipeline.run_record import check_resume_config, read_changes, read_record
-from pipeline.runner import Pipeline
 from pipeline.session import (discard_session_files, existing_run_problem, has_checkpoint, hydra_config, interrupt_hint,
                               store_record)
 from pipeline.sinks.jsonl import MetricsJsonl
 
-__all__ = ["build_parts", "run", "run_identity"]
+__all__ = ["run", "run_identity"]
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +93,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 def _run_locked(plain: dict[str, Any], run_dir: str, record: dict[str, Any] | None,
                 changes: dict[str, tuple[Any, Any]]) -> dict[str, Any]:
     """`run` once the config is checked and the run dir locked."""
+    # imported once the config has passed pre-flight: a refused command ends without importing
+    # torch (about 3 s)
+    from pipeline.parts import build_parts, build_slot, build_stages
+    from pipeline.runner import Pipeline
+
     resume = plain["resume"]
     args = SlimeArgs.from_config(plain)
     allowed = allowed_targets(plain)

@@ -12,6 +12,7 @@ import re
 from typing import Any
 
 from pipeline.engines.preflight import trainer_engine_problems
+from pipeline.estimators import ESTIMATORS, GROUP_MODES, MEAN_SUBTRACTING
 from pipeline.plugins import (SLOTS, SLOTS_BY_NAME, ConfigError, Needs, check_allowed, check_call, load_object,
                               provided, required)
 from pipeline.plugins import target_of as _target
@@ -182,8 +183,6 @@ def _buffer_never_filled(cfg: dict[str, Any], out: list[str]) -> None:
 
 
 def _advantage(cfg: dict[str, Any], out: list[str]) -> None:
-    from pipeline.stages.rewards import ESTIMATORS, GROUP_MODES, MEAN_SUBTRACTING
-
     adv = cfg.get("advantage")
     if not isinstance(adv, dict):
         out.append("advantage: expected a node with estimator, rewards_normalization, grpo_std_normalization, group_mode")

@@ -6,7 +6,7 @@
 * Signature inspection (`signature_of`, `accepts`, `accepted_keywords`, `positional_count`).
 * `SLOTS`, the table of plugin roles (at the end of this module): one `Slot` per config
   key naming a plugin, saying how it is built, which runtime parts it may receive, and how the
-  pipeline calls it. `pipeline.app.build_parts` builds the run from it and
+  pipeline calls it. `pipeline.parts.build_parts` builds the run from it and
   `pipeline.config_rules` checks the config against it.
 * Declared requirements: a plugin class or function may carry `plugin_requires` (a tuple of
   `Needs`) and `plugin_provides` (a frozenset of capability names, e.g. {"buffer"}); the

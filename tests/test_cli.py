@@ -195,6 +195,25 @@ def test_help_lists_groups_and_cfg_job_prints_config(data):
     assert "_target_: pipeline.data.sources.PlainDataSource" in cfg
 
 
+# run.py as `python run.py ARGS` runs it, reporting at exit whether torch was ever imported
+_IMPORTS_TORCH = ("import atexit, runpy, sys; "
+                  "atexit.register(lambda: sys.stderr.write(f'torch imported: {\"torch\" in sys.modules}\\n')); "
+                  "sys.argv = ['run.py', *sys.argv[1:]]; runpy.run_path('run.py', run_name='__main__')")
+
+
+@pytest.mark.parametrize("args, code", [(["--help"], 0), (["--cfg", "job"], 0), (["rollout_batch_size=-1"], 1)],
+                         ids=["help", "cfg-job", "refused-at-pre-flight"])
+def test_commands_that_run_nothing_do_not_import_torch(args, code):
+    """--help, --cfg job and a command refused at pre-flight answer in about a second: torch
+    (about 3 s to import) is imported only for a run that passed pre-flight."""
+    proc = subprocess.run([sys.executable, "-c", _IMPORTS_TORCH, *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, env=dict(os.environ, HYDRA_FULL_ERROR="1"))
+    assert proc.returncode == code, proc.stderr[-3000:]
+    assert "torch imported: False" in proc.stderr, proc.stderr[-3000:]
+    if code:
+        assert "rollout_batch_size: expected a positive integer, got -1" in proc.stderr
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_sweep_through_the_hydra_ray_launcher(data, tmp_path):

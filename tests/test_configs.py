@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from pipeline.app import build_parts
+from pipeline.parts import build_parts
 from pipeline.engines.scripted import ByteTokenizer
 from pipeline.config import ConfigError, SlimeArgs, to_plain, validate
 from pipeline.plugins import TargetNotAllowedError, allowed_targets, build

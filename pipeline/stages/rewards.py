@@ -28,19 +28,11 @@ from typing import Any
 
 import torch
 
+from pipeline.estimators import ESTIMATORS, GROUP_MODES, LEAVE_ONE_OUT, MEAN_STD, MEAN_SUBTRACTING, PASS_THROUGH
 from pipeline.stages.context import RolloutContext, StageParts
 
 __all__ = ["ESTIMATORS", "GROUP_MODES", "MEAN_SUBTRACTING", "post_process_rewards", "raw_reward_values",
            "rewards_stage"]
-
-_MEAN_STD = {"grpo", "gspo", "cispo"}
-_MEAN_ONLY = {"reinforce_plus_plus_baseline", "dr_grpo"}
-_LOO = {"rloo"}
-_PASS = {"reinforce_plus_plus", "none"}
-ESTIMATORS = frozenset(_MEAN_STD | _MEAN_ONLY | _LOO | _PASS)
-# estimators whose advantage subtracts a group mean (all zero for groups of one sample)
-MEAN_SUBTRACTING = frozenset(_MEAN_STD | _MEAN_ONLY | _LOO)
-GROUP_MODES = frozenset({"slime", "group_index"})
 
 
 def raw_reward_values(args: Any, samples: list[Any]) -> list[float]:
@@ -66,9 +58,9 @@ def _normalise(block: torch.Tensor, estimator: str, use_std: bool) -> torch.Tens
     """Normalise each row of `block` (shape [groups, group size]); all-equal rows give exactly 0."""
     size = block.shape[-1]
     out = block - block.mean(dim=-1, keepdim=True)
-    if estimator in _LOO and size > 1:
+    if estimator in LEAVE_ONE_OUT and size > 1:
         out = out * (size / (size - 1))
-    elif estimator in _MEAN_STD and use_std and size > 1:
+    elif estimator in MEAN_STD and use_std and size > 1:
         out = out / (out.std(dim=-1, keepdim=True) + 1e-6)
     all_equal = (block == block[..., :1]).all(dim=-1, keepdim=True)
     return out.masked_fill(all_equal, 0.0)
@@ -80,7 +72,7 @@ def post_process_rewards(args: Any, samples: list[Any]) -> tuple[list[Any], list
     if estimator not in ESTIMATORS:
         raise ValueError(f"advantage.estimator: unknown {estimator!r}; expected one of {sorted(ESTIMATORS)}")
     raw = raw_reward_values(args, samples)
-    if estimator in _PASS or not args.rewards_normalization:
+    if estimator in PASS_THROUGH or not args.rewards_normalization:
         return raw, raw
     n = int(args.n_samples_per_prompt)
     use_std = bool(args.grpo_std_normalization)

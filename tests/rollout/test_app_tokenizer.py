@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from pipeline.app import build_parts
+from pipeline.parts import build_parts
 from pipeline.config import SlimeArgs, to_plain, validate
 from pipeline.plugins import allowed_targets
 from pipeline.engines.assets import default_cache_dir, resolve_checkpoint

@@ -99,13 +99,19 @@ def test_an_engine_that_cannot_follow_is_an_error_and_no_engine_is_fine():
     assert push_weights(t, None, None) == {}
 
 
-def test_export_is_a_plain_hf_folder(tmp_path):
+@pytest.mark.parametrize("lora_rank, tied", [(2, False), (0, True)], ids=["lora", "full-tied-embeddings"])
+def test_export_is_a_plain_hf_folder(tmp_path, lora_rank, tied):
+    """The export (built on the meta device, then given the trained tensors) reloads as the
+    trained policy; tied input and output embeddings stay one tensor, as in SmolLM2."""
     from transformers import AutoModelForCausalLM
 
-    t = PolicyGradientTrainer(model=tiny_llama(torch.float32), **yaml_keys(lr=1e-2, lora_rank=2))
+    t = PolicyGradientTrainer(model=tiny_llama(torch.float32, tie_word_embeddings=tied),
+                              **yaml_keys(lr=1e-2, lora_rank=lora_rank))
     t.train(0, train_data())
     folder = t.export_hf(str(tmp_path / "policy"))
     reloaded = AutoModelForCausalLM.from_pretrained(folder).eval()
+    if tied:
+        assert reloaded.lm_head.weight.data_ptr() == reloaded.model.embed_tokens.weight.data_ptr()
     ids = torch.tensor([train_data()["tokens"][1]])
     with torch.no_grad():
         assert torch.allclose(reloaded(ids).logits, t.model(input_ids=ids).logits, atol=1e-5)

@@ -18,13 +18,13 @@ def yaml_keys(**overrides):
     return keys
 
 
-def tiny_llama(dtype=torch.float64, seed=0):
+def tiny_llama(dtype=torch.float64, seed=0, tie_word_embeddings=False):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
                          num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
-                         tie_word_embeddings=False)
+                         tie_word_embeddings=tie_word_embeddings)
     model = LlamaForCausalLM(config).to(dtype).eval()
     if dtype == torch.float64:
         for module in model.modules():
