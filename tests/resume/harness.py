@@ -83,8 +83,12 @@ def run_to_end(args: list[str], timeout: float = 300) -> None:
 
 def run_and_kill(args: list[str], point: str, nth: int, marks: Path, rng: random.Random,
                  timeout: float = 120) -> bool:
-    """Start the CLI, SIGKILL it at the `nth` time it reaches `point` (or, for "random", after a
-    random delay); True when killed, False when the run finished first."""
+    """Start the CLI, SIGKILL it at the `nth` time it reaches `point`; True when killed, False when
+    the run finished first. "random" (pause 0, the run never waits at a mark): soon after the k-th
+    mark of any kind, k drawn from 1..20, i.e. at a random moment of the process's first rollout
+    (a rollout here reaches 30+ marks, and a resumed process redoes at least one). A random delay
+    after the first mark missed once the process's exit got 2 s faster: a process resumed for the
+    last rollout could finish before it."""
     marks.write_text("")
     pause = 0.0 if point in ("random", "generate") else 0.3
     errfile = marks.with_suffix(".stderr")
@@ -92,15 +96,13 @@ def run_and_kill(args: list[str], point: str, nth: int, marks: Path, rng: random
         proc = subprocess.Popen([sys.executable, str(DRIVER), *args], cwd=ROOT, env=_env(marks, pause),
                                 stdout=subprocess.DEVNULL, stderr=err_out)
     deadline = time.monotonic() + timeout
-    kill_at = None
+    kill_after = rng.randint(1, 20) if point == "random" else None
     try:
         while proc.poll() is None:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"run did not reach {point} #{nth} within {timeout}s")
-            if point == "random":
-                if kill_at is None and marks.read_text():  # started generating: pick a moment
-                    kill_at = time.monotonic() + rng.uniform(0.0, 2.0)
-                hit = kill_at is not None and time.monotonic() >= kill_at
+            if kill_after is not None:
+                hit = len(marks.read_text().splitlines()) >= kill_after
             else:
                 hit = f"{point} {nth}\n" in marks.read_text()
             if hit:
