@@ -22,56 +22,39 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 
+from learn import log_time  # bench/learn.py: run.log's stamps
+
 ROOT = Path(__file__).resolve().parents[1]
-_STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]")
 TINY = ["logger=jsonl", "rollout_batch_size=2", "n_samples_per_prompt=2", "rollout_max_response_len=8",
         "num_rollout=1", "rollout.progress=false", "rollout.summary=false"]
-
-
-def _stamps(run_log: Path) -> list[tuple[float, str]]:
-    """(unix time, line) of each stamped line of a run.log."""
-    out = []
-    for line in run_log.read_text().splitlines():
-        match = _STAMP.match(line)
-        if match:
-            when = datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f").replace(tzinfo=timezone.utc)
-            out.append((when.timestamp(), line))
-    return out
-
-
-def _time_tz_offset() -> float:
-    """Seconds to add to a run.log stamp (local time written as is) to get unix time."""
-    return -datetime.now().astimezone().utcoffset().total_seconds()
 
 
 def run_once(checkout: Path, args: list[str], run_dir: Path | None, ok_codes: tuple[int, ...]) -> dict[str, float]:
     """One command in `checkout`; wall time, and with a run dir its start-up, shut-down and export."""
     env = dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true", HF_HUB_OFFLINE="1")
     extra = [f"hydra.run.dir={run_dir}"] if run_dir is not None else []
-    start = time.time()
+    start = datetime.now()  # local and naive, as run.log's stamps
     proc = subprocess.run([sys.executable, "run.py", *args, *extra], cwd=checkout, env=env,
                           capture_output=True, text=True, timeout=900)
-    end = time.time()
+    end = datetime.now()
     if proc.returncode not in ok_codes:
         raise SystemExit(f"{checkout}: run.py {' '.join(args)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
-    out = {"wall": end - start}
+    out = {"wall": (end - start).total_seconds()}
     if run_dir is not None:
-        offset = _time_tz_offset()
-        lines = [(t + offset, line) for t, line in _stamps(run_dir / "run.log")]
-        out["start-up"] = lines[0][0] - start
-        out["shut-down"] = end - lines[-1][0]
+        lines = [(t, line) for line in (run_dir / "run.log").read_text().splitlines()
+                 if (t := log_time(line)) is not None]
+        out["start-up"] = (lines[0][0] - start).total_seconds()
+        out["shut-down"] = (end - lines[-1][0]).total_seconds()
         for (t0, _), (t1, line) in zip(lines, lines[1:]):
             if "final policy written" in line:
-                out["export"] = t1 - t0
+                out["export"] = (t1 - t0).total_seconds()
     return out
 
 

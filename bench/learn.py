@@ -34,7 +34,8 @@ _STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]")
 _EVAL = re.compile(r"===== eval at rollout (\d+) =====")
 
 
-def _time(line: str) -> datetime | None:
+def log_time(line: str) -> datetime | None:
+    """The time stamp at the start of a run.log line (local time, naive), or None."""
     match = _STAMP.match(line)
     return datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f") if match else None
 
@@ -43,7 +44,7 @@ def eval_times(run_log: Path) -> dict[int, float]:
     """rollout_id -> seconds from the job's first log line to the end of that eval (the next
     stamped line after the eval header, i.e. when its metrics were printed)."""
     lines = run_log.read_text().splitlines()
-    start = next(t for t in map(_time, lines) if t is not None)
+    start = next(t for t in map(log_time, lines) if t is not None)
     out: dict[int, float] = {}
     pending: int | None = None
     for line in lines:
@@ -51,12 +52,12 @@ def eval_times(run_log: Path) -> dict[int, float]:
         if header:
             pending = int(header.group(1))
             continue
-        stamp = _time(line)
+        stamp = log_time(line)
         if pending is not None and stamp is not None:
             out[pending] = (stamp - start).total_seconds()
             pending = None
     if pending is not None:  # the eval was the log's last entry: its header time is a lower bound
-        last = [t for t in map(_time, lines) if t is not None][-1]
+        last = [t for t in map(log_time, lines) if t is not None][-1]
         out[pending] = (last - start).total_seconds()
     return out
 

@@ -86,9 +86,8 @@ def run_and_kill(args: list[str], point: str, nth: int, marks: Path, rng: random
     """Start the CLI, SIGKILL it at the `nth` time it reaches `point`; True when killed, False when
     the run finished first. "random" (pause 0, the run never waits at a mark): soon after the k-th
     mark of any kind, k drawn from 1..20, i.e. at a random moment of the process's first rollout
-    (a rollout here reaches 30+ marks, and a resumed process redoes at least one). A random delay
-    after the first mark missed once the process's exit got 2 s faster: a process resumed for the
-    last rollout could finish before it."""
+    (a rollout here reaches 30+ marks, and a resumed process redoes at least one), so it lands
+    before the run can finish, however fast the process exits."""
     marks.write_text("")
     pause = 0.0 if point in ("random", "generate") else 0.3
     errfile = marks.with_suffix(".stderr")
