@@ -71,5 +71,8 @@ $(VLLM_VENV)/.installed:
 	bash scripts/vllm_venv.sh $(VLLM_VENV)
 	touch $@
 
+# The throughput comparison runs the in-process hf engine at run.py's default omp_spin_count
+# (conf/config.yaml; the suite's conftest otherwise makes OpenMP threads sleep at once).
 test-vllm: $(STAMP) $(VLLM_VENV)/.installed
+	GOMP_SPINCOUNT=$$($(PY) -c "from omegaconf import OmegaConf; print(OmegaConf.load('conf/config.yaml').omp_spin_count)") \
 	$(PY) -m pytest -m vllm tests/engines/test_openai_vllm.py tests/engines/test_vllm_follows_trainer.py $(PYTEST_ARGS)

@@ -7,23 +7,17 @@
 from __future__ import annotations
 
 import gc
-import os
 import signal
 import sys
 
-# OpenMP worker threads sleep instead of spin-waiting between torch ops: on shared or
-# oversubscribed cores spinning threads steal the CPU from the ones doing work (the 2-thread hf
-# engine measured several times slower without it). Must be set before torch is imported.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig
 
-import hydra  # noqa: E402
-from hydra.core.hydra_config import HydraConfig  # noqa: E402
-from hydra.types import RunMode  # noqa: E402
-from omegaconf import DictConfig  # noqa: E402
-
-from pipeline.config import ConfigError  # noqa: E402
-from pipeline.run_lock import RunDirLocked  # noqa: E402
-from pipeline.session import prepare_argv  # noqa: E402
+from pipeline.config import ConfigError
+from pipeline.run_lock import RunDirLocked
+from pipeline.session import prepare_argv
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")

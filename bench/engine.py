@@ -36,10 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-# idle OpenMP threads sleep instead of spinning: on shared, oversubscribed cores spinning makes a
-# 2-thread torch engine several times slower (measured: 33-53 s vs 10 s for the same batch)
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+from bench import engine_paths  # noqa: E402 - first: applies conf/config.yaml's omp_spin_count before torch loads
 from pipeline.data.sources import BufferedDataSource, PlainDataSource  # noqa: E402
 from pipeline.engines.assets import default_cache_dir, resolve_checkpoint  # noqa: E402
 from pipeline.engines.base import GenerationRequest, SamplingParams  # noqa: E402
@@ -252,7 +250,6 @@ def main() -> None:
     # section 0 (and --cli-wall) also with engine.compile_decode=true
     p.add_argument("--compile", action="store_true")
     a = p.parse_args()
-    from bench import engine_paths
     from pipeline.engines.hf import HFEngine
 
     if a.only_over_sampling:
@@ -264,7 +261,7 @@ def main() -> None:
     if not a.skip_paths:
         engines = engine_paths.engines(model, compiled=a.compile)
         try:
-            prompts = engine_paths.train_prompts(next(iter(engines.values())).tokenizer)
+            prompts = engine_paths.train_prompts(engine_paths.tokenizer_of(engines))
             for group in (1, a.n):  # every request its own prompt; GRPO groups (shared prefill)
                 print(f"Batches of {'distinct prompts' if group == 1 else f'{group} samples per prompt'}:\n")
                 engine_paths.print_paths(engine_paths.bench_paths(engines, prompts, [1, 8, 32, 64], a.tokens, 2,

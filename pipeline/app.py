@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 from pipeline import run_lock
 from pipeline.config import SlimeArgs, to_plain, validate
 from pipeline.logging_setup import RunProgress, configure_console, progress_logger
+from pipeline.openmp import configure_openmp_wait
 from pipeline.plugins import SLOTS_BY_NAME, ConfigError, allowed_targets
 from pipeline.run_record import check_resume_config, read_changes, read_record
 from pipeline.session import (discard_session_files, existing_run_problem, has_checkpoint, hydra_config, interrupt_hint,
@@ -59,6 +60,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     nothing behind; Ctrl-C ends with exit code 130 and the command that resumes the run.
     """
     configure_console()
+    # before pre-flight imports the plugins (and with them torch): libgomp reads its settings once
+    logger.info("%s", configure_openmp_wait(cfg.get("omp_spin_count")))
     try:
         validate(cfg)
         plain = to_plain(cfg)

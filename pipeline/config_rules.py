@@ -236,6 +236,10 @@ def _sizes(cfg: dict[str, Any], out: list[str]) -> None:
     k = cfg.get("rollout_top_k")
     if not _is_int(k):
         out.append(f"rollout_top_k: expected an integer (-1 for no cut), got {k!r}")
+    spin = cfg.get("omp_spin_count")
+    if not _is_int(spin) or spin < 0:
+        out.append(f"omp_spin_count: expected an integer >= 0 (0: OpenMP threads sleep as soon as an op ends), "
+                   f"got {spin!r}")
     if not _is_int(cfg.get("seed")):
         out.append(f"seed: expected an integer, got {cfg.get('seed')!r}")
 

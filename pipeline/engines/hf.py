@@ -52,6 +52,7 @@ from pipeline.engines.hf_decode import DecodeBatch, Row, log_probs_alone
 from pipeline.engines.hf_lean import LeanDecoder, supports
 from pipeline.engines.hf_static import StaticDecodeBatch
 from pipeline.engines.weight_sync import copy_into_model, versions_per_token
+from pipeline.openmp import release_thread_workers
 from pipeline.precision import AUTO, resolve_dtype
 
 __all__ = ["HFEngine", "DECODE_IMPLS", "DTYPES"]
@@ -158,6 +159,7 @@ class HFEngine:
                     self._decoder = LeanDecoder(self.model, compile=self.compile_decode, packed=self.packed_matmuls)
                 else:
                     logger.warning("hf engine: %s; using decode_impl=legacy", reason)
+            release_thread_workers()  # this thread's OpenMP workers (pipeline.openmp): loading is done
             self._thread = threading.Thread(target=self._loop, name="hf-engine-decode", daemon=True)
             self._thread.start()
             logger.info("hf engine ready: %s, %s, %s decode%s, %d threads, max batch %d", path, self.dtype,
@@ -196,6 +198,8 @@ class HFEngine:
                 raise RuntimeError("HFEngine is closed")
             self._pending.append(row)
             self._cv.notify_all()
+        # the caller's thread waits now: its OpenMP workers would cut the decode thread's spin-wait
+        release_thread_workers()
         try:
             row = await future
         except asyncio.CancelledError:
@@ -315,6 +319,9 @@ class HFEngine:
             while not batch.rows and not self._pending:
                 if self._closed:
                     return None
+                # idle: give back this thread's OpenMP workers, so a trainer (or any other thread
+                # working meanwhile) spin-waits between its ops alone (pipeline.openmp)
+                release_thread_workers()
                 self._cv.wait()
                 if self._pending and self.batch_wait_s > 0:
                     # give concurrent submitters a moment to join this batch

@@ -13,7 +13,9 @@ the epoch current when `generate` was called. A replica remembers the newest epo
 with finish "abort" (a request still in transit when the abort landed), while `HFEngine.abort_all`
 finishes the rows it is running with their partial output. Requests still queued on the driver
 (waiting for a ready replica, or for a resubmission) see the bumped epoch and return "abort".
-Replica actors get `OMP_WAIT_POLICY=PASSIVE` (see `run.py`) through their runtime env.
+Replica actors get `OMP_WAIT_POLICY=PASSIVE` through their runtime env (the driver's own value
+wins), and the driver's `GOMP_SPINCOUNT` when it has one (`omp_spin_count`, `pipeline/openmp.py`;
+libgomp puts it before the policy).
 
 Weight sync: `update_weights` puts the state dict in Ray's object store once (`ray.put`) and
 every replica fetches that one object (`HFEngine.update_weights` in place, see `pipeline.engines.
@@ -41,13 +43,17 @@ logger = logging.getLogger(__name__)
 
 # environment variables every replica actor gets (unless the driver's environment sets them):
 # OpenMP threads sleep instead of spinning between torch ops, which on shared cores otherwise
-# steal the CPU from the other replicas (see run.py)
+# steal the CPU from the other replicas (pipeline/openmp.py)
 _REPLICA_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
+# passed on only when the driver has it: the spin-wait `omp_spin_count` set for this run
+_REPLICA_ENV_FROM_DRIVER = ("GOMP_SPINCOUNT",)
 
 
 def replica_env() -> dict[str, str]:
-    """`runtime_env.env_vars` for the replica actors: `_REPLICA_ENV`, driver values winning."""
-    return {key: os.environ.get(key, value) for key, value in _REPLICA_ENV.items()}
+    """`runtime_env.env_vars` for the replica actors: `_REPLICA_ENV`, driver values winning, and
+    the driver's `_REPLICA_ENV_FROM_DRIVER` variables it has."""
+    env = {key: os.environ.get(key, value) for key, value in _REPLICA_ENV.items()}
+    return env | {key: os.environ[key] for key in _REPLICA_ENV_FROM_DRIVER if key in os.environ}
 
 
 def request_to_dict(request: GenerationRequest) -> dict[str, Any]:

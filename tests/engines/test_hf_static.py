@@ -327,6 +327,33 @@ def test_packed_matmuls_match_aten_and_follow_in_place_weight_updates(model_path
     assert len(packed._packed_layers) == len(packed.layers)  # a refresh replaces, never appends
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_packed_bfloat16_where_the_cpu_has_bfloat16_kernels(model_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """bfloat16 steps pack their weights only where oneDNN has bfloat16 kernels (elsewhere its
+    bfloat16 reorder and matmul are a slow reference path), and there the packed step's logits
+    are bit-identical to the aten::linear step's (the same oneDNN kernel, without the re-pack)."""
+    from transformers import AutoModelForCausalLM
+
+    from pipeline.engines import hf_lean
+    from pipeline.engines.hf_lean import LeanDecoder, packed_matmuls_available
+
+    if not packed_matmuls_available():
+        pytest.skip("this torch build has no oneDNN pre-packed linear")
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16).eval()
+    with monkeypatch.context() as m:
+        m.setattr(hf_lean, "fast_bfloat16", lambda: False)
+        assert not LeanDecoder(model, packed=True).packed
+    if not hf_lean.fast_bfloat16():
+        pytest.skip("no bfloat16 kernels on this CPU: the packed bfloat16 step is not used here")
+    aten, packed = LeanDecoder(model), LeanDecoder(model, packed=True)
+    assert packed.packed and not aten.packed
+    with torch.inference_mode():
+        for rows, column in [(1, 9), (3, 12), (16, 20), (33, 7)]:
+            a, b = aten.step(*_step_inputs(aten, rows, column)), packed.step(*_step_inputs(aten, rows, column))
+            assert torch.equal(a, b), (rows, column, (a - b).abs().max())
+
+
 def test_distinct_prompts_keep_first_seen_order() -> None:
     rows = [hf_static.Row(str(i), p, SamplingParams(), 4, torch.Generator(), frozenset(), lambda r: None)
             for i, p in enumerate([[1, 2], [3], [1, 2], [1, 2, 3], [3]])]

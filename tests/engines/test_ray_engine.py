@@ -173,9 +173,12 @@ def test_replica_env_defaults_to_passive_and_keeps_driver_value(monkeypatch) -> 
     from pipeline.engines.ray_pool import replica_env
 
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
     assert replica_env() == {"OMP_WAIT_POLICY": "PASSIVE"}
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
     assert replica_env() == {"OMP_WAIT_POLICY": "ACTIVE"}
+    monkeypatch.setenv("GOMP_SPINCOUNT", "10000")  # omp_spin_count of the run (pipeline/openmp.py)
+    assert replica_env() == {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "10000"}
 
 
 @pytest.mark.slow

@@ -1,0 +1,132 @@
+"""`omp_spin_count` (pipeline/openmp.py): which environment the run sets before torch loads, and
+that a thread gives its OpenMP workers back."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipeline import openmp
+from pipeline.openmp import ENV_KEYS, configure_openmp_wait, release_thread_workers
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def bare_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """No OpenMP wait variables, nothing set by an earlier call, and torch not (yet) loaded as
+    far as the function can tell."""
+    _unset_restoring(monkeypatch)
+    monkeypatch.setattr(openmp, "_APPLIED", {})
+    monkeypatch.delitem(sys.modules, "torch")
+    return monkeypatch
+
+
+def _unset_restoring(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unset ENV_KEYS so that the test's own settings are undone afterwards too (a plain
+    delenv of an absent variable records nothing to restore)."""
+    for key in ENV_KEYS:
+        monkeypatch.setenv(key, "placeholder")
+        monkeypatch.delenv(key)
+
+
+def test_a_spin_count_sets_gomp_spincount(bare_env: pytest.MonkeyPatch) -> None:
+    line = configure_openmp_wait(2500)
+    assert os.environ["GOMP_SPINCOUNT"] == "2500" and "OMP_WAIT_POLICY" not in os.environ
+    assert "spin 2500 iterations" in line
+
+
+def test_zero_sleeps_at_once(bare_env: pytest.MonkeyPatch) -> None:
+    line = configure_openmp_wait(0)
+    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE" and "GOMP_SPINCOUNT" not in os.environ
+    assert "PASSIVE" in line
+
+
+@pytest.mark.parametrize("key,value", [("OMP_WAIT_POLICY", "PASSIVE"), ("GOMP_SPINCOUNT", "7")])
+def test_the_environment_wins(bare_env: pytest.MonkeyPatch, key: str, value: str) -> None:
+    bare_env.setenv(key, value)
+    line = configure_openmp_wait(10000)
+    assert {k: os.environ.get(k) for k in ENV_KEYS} == {k: (value if k == key else None) for k in ENV_KEYS}
+    assert f"{key}={value}" in line and "not applied" in line
+
+
+@pytest.mark.parametrize("value", [-1, "lots", None, True, 1.5])
+def test_a_bad_value_is_left_to_pre_flight(bare_env: pytest.MonkeyPatch, value: object) -> None:
+    assert "not applied (pre-flight checks it)" in configure_openmp_wait(value)
+    assert not any(k in os.environ for k in ENV_KEYS)
+
+
+def test_too_late_once_torch_is_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
+    _unset_restoring(monkeypatch)
+    monkeypatch.setattr(openmp, "_APPLIED", {})
+    assert "torch was loaded before the run started" in configure_openmp_wait(10000)
+    assert not any(k in os.environ for k in ENV_KEYS)
+
+
+def test_later_jobs_of_a_sweep_keep_the_first_jobs_setting(bare_env: pytest.MonkeyPatch) -> None:
+    """A sweep's jobs run one after another in one process: the first sets the variable before
+    torch loads; a later job asking for the same is told it holds (it is ours, not the user's
+    environment), one asking for another is told it comes too late."""
+    assert "spin 300 iterations" in configure_openmp_wait(300)
+    bare_env.setitem(sys.modules, "torch", torch)
+    assert configure_openmp_wait(300) == configure_openmp_wait(300)
+    assert "spin 300 iterations" in configure_openmp_wait(300)
+    assert "does not apply" in configure_openmp_wait(0)
+    assert os.environ["GOMP_SPINCOUNT"] == "300" and "OMP_WAIT_POLICY" not in os.environ
+
+
+def test_a_new_setting_replaces_its_own_earlier_one(bare_env: pytest.MonkeyPatch) -> None:
+    configure_openmp_wait(300)
+    configure_openmp_wait(0)
+    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE" and "GOMP_SPINCOUNT" not in os.environ
+
+
+def test_run_py_sets_the_wait_before_torch_loads(tmp_path: Path) -> None:
+    """The CLI: with neither variable in the environment, the run sets the configured spin count
+    while torch is not loaded yet (the function says so only then), and logs it."""
+    env = {k: v for k, v in os.environ.items() if k not in ENV_KEYS}
+    cmd = [sys.executable, "run.py", "engine=scripted", "logger=jsonl", "num_rollout=1", "omp_spin_count=4321",
+           f"hydra.run.dir={tmp_path / 'run'}"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    log = (tmp_path / "run" / "run.log").read_text()
+    assert "OpenMP threads spin 4321 iterations before they sleep" in log
+
+
+def _threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux /proc")
+def test_a_thread_gives_its_openmp_workers_back() -> None:
+    """A thread that ran a parallel op holds a worker thread afterwards; release_thread_workers
+    ends it (the thread count drops by the pool's workers), and the next op starts new ones."""
+    counts: dict[str, int] = {}
+    released: list[bool] = []
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        def work() -> None:
+            x = torch.randn(512, 512)
+            (x @ x).sum()
+            counts["after op"] = _threads()
+            released.append(release_thread_workers())
+            counts["after release"] = _threads()
+            (x @ x).sum()
+            counts["after next op"] = _threads()
+            release_thread_workers()
+
+        t = threading.Thread(target=work)
+        t.start()
+        t.join()
+    finally:
+        torch.set_num_threads(threads_before)
+    assert released == [True]
+    assert counts["after release"] == counts["after op"] - 1  # its one worker (2 threads) ended
+    assert counts["after next op"] == counts["after op"]
