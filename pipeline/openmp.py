@@ -61,8 +61,9 @@ def configure_openmp_wait(spin_count: Any) -> str:
     if "torch" in sys.modules:
         if _APPLIED == wanted:  # an earlier run in this process set it before torch loaded
             return said
+        held = ", ".join(f"{k}={os.environ[k]}" for k in ENV_KEYS if k in os.environ) or "its defaults"
         return (f"torch was loaded before the run started, so omp_spin_count={spin_count} does not apply "
-                f"(libgomp reads its settings when torch loads)")
+                f"(libgomp read its settings when torch loaded: {held})")
     for key in _APPLIED:  # an earlier setting of ours, replaced
         os.environ.pop(key, None)
     os.environ.update(wanted)

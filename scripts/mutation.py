@@ -53,6 +53,7 @@ MODULES: dict[str, tuple[list[str], list[str] | None]] = {
     # (test_checkpoint_crash.py kills a real subprocess: too slow to run per mutant)
     "pipeline/data/checkpoint.py": (["tests/data/test_checkpoint.py", "tests/data/test_checkpoint_format.py"], None),
     "pipeline/atomic.py": (["tests/test_atomic.py", "tests/data/test_checkpoint.py"], None),
+    "pipeline/openmp.py": (["tests/test_openmp.py"], None),
     "pipeline/stages/rewards.py": (["tests/stages/test_stages.py",
                                     "tests/stages/test_rewards_pinned.py"], None),
     "pipeline/stages/train_data.py": (["tests/stages/test_stages.py", "tests/stages/test_train_data_tensors.py",

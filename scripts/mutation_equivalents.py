@@ -177,4 +177,7 @@ EQUIVALENT: dict[str, str] = {
         "torch infers the dtype the code names from the values (ints: int64, floats: float32)"),
     "pipeline.sinks.files.x_to_tensors__mutmut_80": (
         "torch infers the dtype the code names from the values (ints: int64, floats: float32)"),
+    # pipeline/openmp.py
+    "pipeline.openmp.x_release_thread_workers__mutmut_5": (
+        "omp_pause_soft (1) or omp_pause_hard (2): libgomp's pause frees the calling thread's pool either way"),
 }

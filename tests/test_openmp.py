@@ -45,7 +45,14 @@ def test_a_spin_count_sets_gomp_spincount(bare_env: pytest.MonkeyPatch) -> None:
 def test_zero_sleeps_at_once(bare_env: pytest.MonkeyPatch) -> None:
     line = configure_openmp_wait(0)
     assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE" and "GOMP_SPINCOUNT" not in os.environ
-    assert "PASSIVE" in line
+    assert line == "OpenMP threads sleep as soon as an op ends (omp_spin_count=0: OMP_WAIT_POLICY=PASSIVE)"
+
+
+def test_both_variables_in_the_environment_are_named(bare_env: pytest.MonkeyPatch) -> None:
+    bare_env.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    bare_env.setenv("GOMP_SPINCOUNT", "7")
+    assert configure_openmp_wait(10000) == ("OpenMP threads wait as the environment says (GOMP_SPINCOUNT=7, "
+                                            "OMP_WAIT_POLICY=ACTIVE); omp_spin_count=10000 not applied")
 
 
 @pytest.mark.parametrize("key,value", [("OMP_WAIT_POLICY", "PASSIVE"), ("GOMP_SPINCOUNT", "7")])
@@ -65,8 +72,19 @@ def test_a_bad_value_is_left_to_pre_flight(bare_env: pytest.MonkeyPatch, value: 
 def test_too_late_once_torch_is_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
     _unset_restoring(monkeypatch)
     monkeypatch.setattr(openmp, "_APPLIED", {})
-    assert "torch was loaded before the run started" in configure_openmp_wait(10000)
+    assert configure_openmp_wait(10000) == ("torch was loaded before the run started, so omp_spin_count=10000 does "
+                                            "not apply (libgomp read its settings when torch loaded: its defaults)")
     assert not any(k in os.environ for k in ENV_KEYS)
+
+
+def test_too_late_names_both_variables_torch_loaded_with(monkeypatch: pytest.MonkeyPatch) -> None:
+    _unset_restoring(monkeypatch)
+    applied = {"GOMP_SPINCOUNT": "5", "OMP_WAIT_POLICY": "ACTIVE"}
+    monkeypatch.setattr(openmp, "_APPLIED", dict(applied))  # as if ours, so not "the environment's"
+    for key, value in applied.items():
+        monkeypatch.setenv(key, value)
+    assert configure_openmp_wait(0).endswith("(libgomp read its settings when torch loaded: GOMP_SPINCOUNT=5, "
+                                             "OMP_WAIT_POLICY=ACTIVE)")
 
 
 def test_later_jobs_of_a_sweep_keep_the_first_jobs_setting(bare_env: pytest.MonkeyPatch) -> None:
@@ -77,7 +95,8 @@ def test_later_jobs_of_a_sweep_keep_the_first_jobs_setting(bare_env: pytest.Monk
     bare_env.setitem(sys.modules, "torch", torch)
     assert configure_openmp_wait(300) == configure_openmp_wait(300)
     assert "spin 300 iterations" in configure_openmp_wait(300)
-    assert "does not apply" in configure_openmp_wait(0)
+    assert configure_openmp_wait(0).endswith("does not apply (libgomp read its settings when torch loaded: "
+                                             "GOMP_SPINCOUNT=300)")
     assert os.environ["GOMP_SPINCOUNT"] == "300" and "OMP_WAIT_POLICY" not in os.environ
 
 
@@ -85,6 +104,13 @@ def test_a_new_setting_replaces_its_own_earlier_one(bare_env: pytest.MonkeyPatch
     configure_openmp_wait(300)
     configure_openmp_wait(0)
     assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE" and "GOMP_SPINCOUNT" not in os.environ
+
+
+def test_an_earlier_setting_someone_removed_is_no_error(bare_env: pytest.MonkeyPatch) -> None:
+    configure_openmp_wait(300)
+    del os.environ["GOMP_SPINCOUNT"]
+    configure_openmp_wait(0)
+    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
 
 
 def test_run_py_sets_the_wait_before_torch_loads(tmp_path: Path) -> None:
