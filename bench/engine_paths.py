@@ -33,8 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from omegaconf import OmegaConf  # noqa: E402
 
-from pipeline.openmp import ENV_KEYS as OPENMP_ENV_KEYS  # noqa: E402 - torch-free
-from pipeline.openmp import configure_openmp_wait  # noqa: E402
+from pipeline.openmp import ENV_KEYS as OPENMP_ENV_KEYS, configure_openmp_wait  # noqa: E402 - torch-free
 
 # conf/config.yaml's `omp_spin_count`, applied as `python run.py` applies it, before torch loads
 # (an OMP_WAIT_POLICY or GOMP_SPINCOUNT in the environment wins): the engines run at the default

@@ -13,6 +13,7 @@ from typing import Any
 
 from pipeline.engines.preflight import trainer_engine_problems
 from pipeline.estimators import ESTIMATORS, GROUP_MODES, MEAN_SUBTRACTING
+from pipeline.openmp import spin_count_problem
 from pipeline.plugins import (SLOTS, SLOTS_BY_NAME, ConfigError, Needs, check_allowed, check_call, load_object,
                               provided, required)
 from pipeline.plugins import target_of as _target
@@ -236,10 +237,8 @@ def _sizes(cfg: dict[str, Any], out: list[str]) -> None:
     k = cfg.get("rollout_top_k")
     if not _is_int(k):
         out.append(f"rollout_top_k: expected an integer (-1 for no cut), got {k!r}")
-    spin = cfg.get("omp_spin_count")
-    if not _is_int(spin) or spin < 0:
-        out.append(f"omp_spin_count: expected an integer >= 0 (0: OpenMP threads sleep as soon as an op ends), "
-                   f"got {spin!r}")
+    spin = spin_count_problem(cfg.get("omp_spin_count"))
+    out.extend([spin] if spin else [])
     if not _is_int(cfg.get("seed")):
         out.append(f"seed: expected an integer, got {cfg.get('seed')!r}")
 

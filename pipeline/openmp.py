@@ -33,12 +33,20 @@ import os
 import sys
 from typing import Any
 
-__all__ = ["ENV_KEYS", "configure_openmp_wait", "release_thread_workers"]
+__all__ = ["ENV_KEYS", "configure_openmp_wait", "release_thread_workers", "spin_count_problem"]
 
 # the environment variables that decide libgomp's wait (an explicit value wins over the config)
 ENV_KEYS = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")
 # what configure_openmp_wait put in the environment (not a user's setting)
 _APPLIED: dict[str, str] = {}
+
+
+def spin_count_problem(spin_count: Any) -> str | None:
+    """Pre-flight's message for an `omp_spin_count` that is not an integer >= 0, else None."""
+    if isinstance(spin_count, int) and not isinstance(spin_count, bool) and spin_count >= 0:
+        return None
+    return (f"omp_spin_count: expected an integer >= 0 (0: OpenMP threads sleep as soon as an op ends), "
+            f"got {spin_count!r}")
 
 
 def configure_openmp_wait(spin_count: Any) -> str:
@@ -49,7 +57,7 @@ def configure_openmp_wait(spin_count: Any) -> str:
     jobs run one after another in one process, torch loaded from the second job on: the first
     job's setting holds for all of them (a later job asking for the same is told so; one asking
     for another, that it comes too late)."""
-    if not isinstance(spin_count, int) or isinstance(spin_count, bool) or spin_count < 0:
+    if spin_count_problem(spin_count) is not None:
         return f"omp_spin_count={spin_count!r} not applied (pre-flight checks it)"
     preset = {key: os.environ[key] for key in ENV_KEYS if key in os.environ and _APPLIED.get(key) != os.environ[key]}
     if preset:
