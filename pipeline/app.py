@@ -60,8 +60,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     nothing behind; Ctrl-C ends with exit code 130 and the command that resumes the run.
     """
     configure_console()
-    # before pre-flight imports the plugins (and with them torch): libgomp reads its settings once
-    logger.info("%s", configure_openmp_wait(cfg.get("omp_spin_count")))
+    # before pre-flight imports the plugins (and with them torch): libgomp reads its settings once;
+    # logged once pre-flight has passed (a refused resume adds nothing to the run's log)
+    openmp_wait = configure_openmp_wait(cfg.get("omp_spin_count"))
     try:
         validate(cfg)
         plain = to_plain(cfg)
@@ -78,6 +79,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     except ConfigError:
         discard_session_files(resumed=bool(cfg.get("resume")) or bool(cfg.get("continue_sweep")))
         raise
+    logger.info("%s", openmp_wait)
     os.makedirs(run_dir, exist_ok=True)
     run_lock.acquire(run_dir)
     main_thread = threading.current_thread() is threading.main_thread()

@@ -97,6 +97,7 @@ def first_run(tmp_path_factory) -> Path:
 def test_resume_restores_the_config_and_refuses_other_changes(first_run, tmp_path):
     run_dir = tmp_path / "run"
     os.system(f"cp -r {first_run} {run_dir}")
+    log_before = (run_dir / "run.log").read_bytes()
     # the reported case: another estimator, batch and a buffered source on a plain run
     refused = cli("experiment=smoke", f"resume={run_dir}", "num_rollout=4", "advantage=grpo", "rollout_batch_size=4",
                   "data_source=buffered", ok=False)
@@ -106,6 +107,7 @@ def test_resume_restores_the_config_and_refuses_other_changes(first_run, tmp_pat
         assert line in refused.stderr, refused.stderr[-3000:]
     assert steps(run_dir) == [0, 1] and sorted(p.name for p in (run_dir / ".hydra").iterdir()) == [
         "config.yaml", "hydra.yaml", "overrides.yaml"]  # the refused session left nothing
+    assert (run_dir / "run.log").read_bytes() == log_before  # not even a line in the run's log
     # a safe key, without repeating the original overrides (repeating experiment=smoke is no change);
     # an explicit hydra.run.dir is ignored: the resumed session writes into the run dir
     elsewhere = tmp_path / "elsewhere"
