@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 from pipeline import run_lock
 from pipeline.config import SlimeArgs, to_plain, validate
 from pipeline.logging_setup import RunProgress, configure_console, progress_logger
+from pipeline.malloc import keep_freed_memory
 from pipeline.openmp import configure_openmp_wait
 from pipeline.plugins import SLOTS_BY_NAME, ConfigError, allowed_targets
 from pipeline.run_record import check_resume_config, read_changes, read_record
@@ -85,7 +86,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     main_thread = threading.current_thread() is threading.main_thread()
     on_interrupt = signal.getsignal(signal.SIGINT) if main_thread else None
     try:
-        return _run_locked(plain, run_dir, record, changes)
+        with keep_freed_memory(plain["keep_freed_memory"]) as freed_memory:
+            logger.info("%s", freed_memory)
+            return _run_locked(plain, run_dir, record, changes)
     except KeyboardInterrupt:
         logger.warning("%s", interrupt_hint(run_dir, plain["save_interval"], _sweep_dir()))
         raise SystemExit(130) from None

@@ -13,6 +13,7 @@ from typing import Any
 
 from pipeline.engines.preflight import trainer_engine_problems
 from pipeline.estimators import ESTIMATORS, GROUP_MODES, MEAN_SUBTRACTING
+from pipeline.malloc import keep_freed_memory_problem
 from pipeline.openmp import spin_count_problem
 from pipeline.plugins import (SLOTS, SLOTS_BY_NAME, ConfigError, Needs, check_allowed, check_call, load_object,
                               provided, required)
@@ -239,6 +240,8 @@ def _sizes(cfg: dict[str, Any], out: list[str]) -> None:
         out.append(f"rollout_top_k: expected an integer (-1 for no cut), got {k!r}")
     spin = spin_count_problem(cfg.get("omp_spin_count"))
     out.extend([spin] if spin else [])
+    kept = keep_freed_memory_problem(cfg.get("keep_freed_memory"))
+    out.extend([kept] if kept else [])
     if not _is_int(cfg.get("seed")):
         out.append(f"seed: expected an integer, got {cfg.get('seed')!r}")
 

@@ -15,8 +15,10 @@ one keeps its own workers, and once the process holds more OpenMP threads than i
 libgomp cuts every spin to 100 iterations (measured: a second, idle team took a 2-thread decode
 step from 41 to 59 ms, the same as sleeping). A thread done with torch work for a while therefore
 gives its workers back (`release_thread_workers`): the hf engine's decode thread when it runs out
-of requests (a trainer in the main thread then spins alone), and a thread that hands requests to
-the engine (the decode thread then spins alone).
+of requests (a trainer in the main thread then spins alone), a thread that hands requests to the
+engine, a thread that waits for the rollout loop (`run_sync`: the main thread after training and
+the weight sync; without it, generation after a training step ran 1.5x slower) and the
+asynchronous trainer's thread after each job (the decode thread then spins alone).
 
 libgomp reads its settings once, when torch loads it. `configure_openmp_wait` therefore runs
 before the pipeline imports torch (`pipeline.app.run`, before pre-flight loads the plugins). It

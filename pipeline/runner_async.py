@@ -38,6 +38,7 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Protocol
 
+from pipeline.openmp import release_thread_workers
 from pipeline.sample_versions import staleness_metrics
 from pipeline.stages.context import RolloutContext
 from pipeline.stages.train import sync_trained_weights
@@ -72,7 +73,12 @@ def run_async(pipeline: Pipeline) -> dict[str, Any]:
 def _train(trainer: Any, ctx: RolloutContext) -> tuple[dict[str, Any], float]:
     """The background job: `trainer.train` on one rollout's train data; (metrics, seconds)."""
     start = time.perf_counter()
-    metrics = trainer.train(ctx.rollout_id, ctx.train_data) if ctx.train_data is not None else {}
+    try:
+        metrics = trainer.train(ctx.rollout_id, ctx.train_data) if ctx.train_data is not None else {}
+    finally:
+        # this thread idles until the next job: its OpenMP workers would cut the decode
+        # thread's spin-wait meanwhile (pipeline.openmp)
+        release_thread_workers()
     return dict(metrics), time.perf_counter() - start
 
 

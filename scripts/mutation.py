@@ -54,6 +54,7 @@ MODULES: dict[str, tuple[list[str], list[str] | None]] = {
     "pipeline/data/checkpoint.py": (["tests/data/test_checkpoint.py", "tests/data/test_checkpoint_format.py"], None),
     "pipeline/atomic.py": (["tests/test_atomic.py", "tests/data/test_checkpoint.py"], None),
     "pipeline/openmp.py": (["tests/test_openmp.py"], None),
+    "pipeline/malloc.py": (["tests/test_malloc.py"], None),
     "pipeline/stages/rewards.py": (["tests/stages/test_stages.py",
                                     "tests/stages/test_rewards_pinned.py"], None),
     "pipeline/stages/train_data.py": (["tests/stages/test_stages.py", "tests/stages/test_train_data_tensors.py",
@@ -90,6 +91,9 @@ MODULES: dict[str, tuple[list[str], list[str] | None]] = {
                                    "tests/train/test_shared_prompt.py"], None),
     # one prompt forward per group, responses in passes of similar length (equal to the per-sample pass)
     "pipeline/train/shared_prompt.py": (["tests/train/test_shared_prompt.py", "tests/train/test_batches.py"], None),
+    # chunked log-probs and entropies with their gradient (equal to log-softmax + gather)
+    "pipeline/train/token_log_probs.py": (["tests/train/test_token_log_probs.py", "tests/train/test_batches.py",
+                                           "tests/train/test_shared_prompt.py"], None),
     # the allowlist part of the plugin table (moved from pipeline/config.py)
     "pipeline/plugins.py": (["tests/test_allowlist.py", "tests/test_security.py",
                              "tests/test_config.py"],

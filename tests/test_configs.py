@@ -163,6 +163,7 @@ def test_data_source_filter_product(ds, filt, workdir):
     ("omp_spin_count=-1", r"omp_spin_count: expected an integer >= 0 \(0: OpenMP threads sleep as soon as an op "
                           r"ends\), got -1"),
     ("omp_spin_count=lots", "omp_spin_count: expected an integer >= 0 .*got 'lots'"),
+    ("keep_freed_memory=sometimes", "keep_freed_memory: expected true or false, got 'sometimes'"),
     ("start_rollout_id=5", r"start_rollout_id: 5 must be < num_rollout \(3\)"),
     ("data_source.prompt_data='/nonexistent/x.jsonl@[1:]'", "data_source.prompt_data: '/nonexistent/x.jsonl' does not exist"),
     ("rollout_top_p=1.5", r"rollout_top_p: expected a number in \(0, 1\]"),

@@ -156,3 +156,59 @@ def test_a_thread_gives_its_openmp_workers_back() -> None:
     assert released == [True]
     assert counts["after release"] == counts["after op"] - 1  # its one worker (2 threads) ended
     assert counts["after next op"] == counts["after op"]
+
+
+def _after_in_a_thread(torch_work, then) -> dict[str, int]:
+    """Thread counts in a new thread: after `torch_work` (its OpenMP pool exists) and after `then`."""
+    counts: dict[str, int] = {}
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        def work() -> None:
+            torch_work()
+            counts["after op"] = _threads()
+            then()
+            counts["after"] = _threads()
+            release_thread_workers()
+
+        t = threading.Thread(target=work)
+        t.start()
+        t.join()
+    finally:
+        torch.set_num_threads(threads_before)
+    return counts
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux /proc")
+def test_a_thread_waiting_for_the_rollout_loop_gives_its_workers_back() -> None:
+    """run_sync (how the main thread runs a rollout after training): the caller only waits, so its
+    OpenMP workers end and the engine's decode thread spins alone (pipeline/openmp.py)."""
+    from pipeline.rollout.async_loop import get_loop, run_sync
+
+    get_loop()  # the loop's own thread exists before counting
+
+    async def nothing() -> None:
+        return None
+
+    x = torch.randn(512, 512)
+    counts = _after_in_a_thread(lambda: (x @ x).sum(), lambda: run_sync(nothing()))
+    assert counts["after"] == counts["after op"] - 1
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux /proc")
+def test_the_async_trainer_thread_gives_its_workers_back_after_each_job() -> None:
+    from types import SimpleNamespace
+
+    from pipeline.runner_async import _train
+
+    x = torch.randn(512, 512)
+
+    class MatmulTrainer:
+        def train(self, rollout_id: int, train_data: object) -> dict[str, float]:
+            return {"train/loss": float((x @ x).sum())}
+
+    ctx = SimpleNamespace(rollout_id=0, train_data={"tokens": []})
+    counts = _after_in_a_thread(lambda: None, lambda: _train(MatmulTrainer(), ctx))
+    assert counts["after"] == counts["after op"]  # the job's workers came and went
+    counts = _after_in_a_thread(lambda: (x @ x).sum(), lambda: _train(MatmulTrainer(), ctx))
+    assert counts["after"] == counts["after op"] - 1

@@ -14,6 +14,8 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from pipeline.openmp import release_thread_workers
+
 __all__ = ["run_sync", "get_loop"]
 
 T = TypeVar("T")
@@ -61,6 +63,9 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
         coro.close()
         raise RuntimeError("run_sync called from the rollout loop itself; await the coroutine instead")
     future = asyncio.run_coroutine_threadsafe(coro, loop)
+    # the caller only waits now: the OpenMP workers its torch work left (a trainer's, a weight
+    # sync's) would cut the engine's spin-wait for as long as the coroutine runs (pipeline.openmp)
+    release_thread_workers()
     try:
         return future.result()
     except KeyboardInterrupt:

@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from pipeline.train.token_log_probs import token_log_probs
+
 __all__ = ["TrainSamples", "micro_batches", "optimizer_steps", "pad_tokens", "per_sample_log_probs",
            "response_log_probs"]
 
@@ -126,25 +128,39 @@ def response_log_probs(model: Any, tokens: list[torch.Tensor], response_lengths:
     return per_sample_log_probs(aligned, targets, response_lengths, temperature, with_entropy, entropy_grad)
 
 
-def per_sample_log_probs(logits: torch.Tensor, targets: torch.Tensor, response_lengths: list[int],
+def per_sample_log_probs(logits: torch.Tensor | None, targets: torch.Tensor, response_lengths: list[int],
                          temperature: float, with_entropy: bool, entropy_grad: bool,
+                         first_logits: torch.Tensor | None = None,
                          ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
     """Log-probs of `targets` [B, N] under `logits / temperature` ([B, N, V], position j predicting
-    target j; rows right-padded) and the entropies, computed once for the whole batch and cut
-    to each row's `response_lengths` (one gradient tensor for the batch, not one per sample)."""
-    scaled = _at_least_float32(logits)
-    if temperature != 1.0:
-        scaled = scaled / temperature
-    logp_all = torch.log_softmax(scaled, dim=-1)
-    log_probs = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    out = [log_probs[row, :n] for row, n in enumerate(response_lengths)]
+    target j; rows right-padded) and the entropies. With `first_logits` [B, V], position 0 of every
+    row comes from it and `logits` ([B, N - 1, V], or None when N is 1) holds positions 1 on (no
+    concatenated copy of the two). Only the response positions (not the padding) go through
+    `token_log_probs`; the results are cut per row."""
+    offset = 0 if first_logits is None else 1
+    parts: list[tuple[torch.Tensor, torch.Tensor]] = []  # (log-probs, entropies) of each source
+    if first_logits is not None:
+        parts.append(token_log_probs(first_logits, targets[:, 0], temperature))
+    if logits is not None and logits.shape[1] > 0:
+        rows, width = logits.shape[:2]
+        positions = torch.cat([torch.arange(max(n - offset, 0)) + row * width
+                               for row, n in enumerate(response_lengths)])
+        wanted = targets[:, offset:offset + width].reshape(-1).index_select(0, positions)
+        parts.append(token_log_probs(logits.reshape(rows * width, logits.shape[-1]), wanted, temperature, positions))
+    log_probs = _per_row([p[0] for p in parts], response_lengths, offset)
     if not with_entropy:
-        return out, None
-    source = logp_all if entropy_grad else logp_all.detach()
-    entropy = -(source.exp() * source).sum(-1)
-    return out, [entropy[row, :n] for row, n in enumerate(response_lengths)]
+        return log_probs, None
+    entropy = _per_row([p[1] if entropy_grad else p[1].detach() for p in parts], response_lengths, offset)
+    return log_probs, entropy
 
 
-def _at_least_float32(x: torch.Tensor) -> torch.Tensor:
-    """bf16/fp16 -> float32; float32 and float64 stay as they are."""
-    return x.to(torch.promote_types(x.dtype, torch.float32))
+def _per_row(sources: list[torch.Tensor], response_lengths: list[int], offset: int) -> list[torch.Tensor]:
+    """Per row: its value from the first-position source (when `offset` is 1) followed by its
+    segment of the other source."""
+    if offset == 0:
+        return list(sources[0].split(response_lengths)) if sources else [torch.empty(0)] * len(response_lengths)
+    first = sources[0]
+    if len(sources) == 1:
+        return [first[row:row + 1] for row in range(len(response_lengths))]
+    rest = sources[1].split([n - 1 for n in response_lengths])
+    return [torch.cat([first[row:row + 1], rest[row]]) for row in range(len(response_lengths))]

@@ -76,8 +76,9 @@ def shared_prompt_log_probs(model: Any, tokens: list[torch.Tensor], response_len
     responses = [t[int(t.shape[0]) - n:] for t, n in zip(tokens, response_lengths)]
     log_probs: dict[int, torch.Tensor] = {}
     entropies: dict[int, torch.Tensor] = {}
-    # per response pass: its samples, their lengths, right-padded response ids and logits
-    passes: list[tuple[list[int], list[int], torch.Tensor, torch.Tensor]] = []
+    # per response pass: its samples, their lengths, right-padded response ids, the logits of the
+    # first response position and those of the others (None when every response is one token)
+    passes: list[tuple[list[int], list[int], torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
     with torch.autocast("cpu", dtype=autocast_dtype, enabled=autocast_dtype is not None):
         prompt_cache = DynamicCache()
         first_logits = model(input_ids=prompt_ids, attention_mask=prompt_mask, cache=prompt_cache,
@@ -87,10 +88,11 @@ def shared_prompt_log_probs(model: Any, tokens: list[torch.Tensor], response_len
             lengths = [response_lengths[i] for i in chunk]
             # the logits predicting each sample's first response token
             logits = first_logits[rows, torch.tensor([last_positions.index(prompt_lengths[group[i]] - 1)
-                                                      for i in chunk])].unsqueeze(1)
+                                                      for i in chunk])]  # [chunk, vocab]
             # a response's last token predicts nothing: the pass reads all but the chunk's last column
             width = max(lengths) - 1
             padded, padded_mask = pad_tokens([responses[i] for i in chunk])
+            rest = None
             if width > 0:
                 cache = DynamicCache()
                 for layer, kv in enumerate(prompt_cache.layers):
@@ -100,10 +102,9 @@ def shared_prompt_log_probs(model: Any, tokens: list[torch.Tensor], response_len
                 rest = model(input_ids=response_ids, attention_mask=torch.cat([prompt_mask[rows], response_mask], 1),
                              position_ids=starts.unsqueeze(1) + torch.arange(width),
                              cache=cache).logits  # [chunk, width, vocab]
-                logits = torch.cat([logits, rest], 1)
-            passes.append((chunk, lengths, padded, logits))
-    for chunk, lengths, padded, logits in passes:  # outside autocast: the log-softmax runs in float32
-        lps, ents = per_sample_log_probs(logits, padded, lengths, temperature, with_entropy, entropy_grad)
+            passes.append((chunk, lengths, padded, logits, rest))
+    for chunk, lengths, padded, first, rest in passes:  # outside autocast: log-probs in float32
+        lps, ents = per_sample_log_probs(rest, padded, lengths, temperature, with_entropy, entropy_grad, first)
         log_probs.update(zip(chunk, lps))
         entropies.update(zip(chunk, ents or ()))
     order = range(len(tokens))
