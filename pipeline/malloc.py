@@ -60,26 +60,38 @@ def keep_freed_memory(enabled: Any) -> Iterator[str]:
     """Apply `keep_freed_memory` to this process while the block runs (module docstring) and put
     glibc's default values back after it; yields what took effect, for the log. A value that is
     not a bool is left for pre-flight to refuse."""
-    mallopt = _mallopt()
+    said, applied = _apply(enabled)
+    try:
+        yield said
+    finally:  # an in-process caller (a notebook, the tests) gets its process back as it was
+        if applied:
+            _restore()
+
+
+def _apply(enabled: Any) -> tuple[str, bool]:
+    """Set the mallopt values when `enabled` and nothing stands in the way; (what took effect,
+    whether they were set)."""
     if keep_freed_memory_problem(enabled) is not None:
-        said = f"keep_freed_memory={enabled!r} not applied (pre-flight checks it)"
-    elif not enabled:
-        said = "freed memory goes back to the OS as glibc decides (keep_freed_memory=false)"
-    elif any(key in os.environ for key in ENV_KEYS):
-        preset = ", ".join(f"{key}={os.environ[key]}" for key in ENV_KEYS if key in os.environ)
-        said = f"malloc as the environment says ({preset}); keep_freed_memory not applied"
-    elif mallopt is None:
-        said = "keep_freed_memory not applied: the C library has no mallopt (not glibc)"
-    elif not (mallopt(_M_MMAP_MAX, 0) and mallopt(_M_TRIM_THRESHOLD, _KEPT_BYTES)):
-        said = "keep_freed_memory not applied: mallopt refused it"
-    else:
-        try:
-            yield "freed memory stays in the process for reuse (keep_freed_memory: no mmap, trim above 2 GB)"
-        finally:  # an in-process caller (a notebook, the tests) gets its process back as it was
-            mallopt(_M_MMAP_MAX, _DEFAULT_MMAP_MAX)
-            mallopt(_M_TRIM_THRESHOLD, _DEFAULT_TRIM_THRESHOLD)
-        return
-    yield said
+        return f"keep_freed_memory={enabled!r} not applied (pre-flight checks it)", False
+    if not enabled:
+        return "freed memory goes back to the OS as glibc decides (keep_freed_memory=false)", False
+    preset = [f"{key}={os.environ[key]}" for key in ENV_KEYS if key in os.environ]
+    if preset:
+        return f"malloc as the environment says ({', '.join(preset)}); keep_freed_memory not applied", False
+    mallopt = _mallopt()
+    if mallopt is None:
+        return "keep_freed_memory not applied: the C library has no mallopt (not glibc)", False
+    if not (mallopt(_M_MMAP_MAX, 0) and mallopt(_M_TRIM_THRESHOLD, _KEPT_BYTES)):
+        _restore()
+        return "keep_freed_memory not applied: mallopt refused it", False
+    return "freed memory stays in the process for reuse (keep_freed_memory: no mmap, trim above 2 GB)", True
+
+
+def _restore() -> None:
+    """glibc's default values of the two settings."""
+    mallopt = _mallopt()
+    mallopt(_M_MMAP_MAX, _DEFAULT_MMAP_MAX)
+    mallopt(_M_TRIM_THRESHOLD, _DEFAULT_TRIM_THRESHOLD)
 
 
 @functools.cache

@@ -180,4 +180,19 @@ EQUIVALENT: dict[str, str] = {
     # pipeline/openmp.py
     "pipeline.openmp.x_release_thread_workers__mutmut_5": (
         "omp_pause_soft (1) or omp_pause_hard (2): libgomp's pause frees the calling thread's pool either way"),
+    # pipeline/train/token_log_probs.py: chunking is exact, so how rows are cut into chunks (or
+    # chunks that overlap or run to the end) changes the speed, never a value
+    **{f"pipeline.train.token_log_probs.x__rows_per_chunk__mutmut_{i}": (
+        "another chunk size: every row is computed the same way whatever the chunk") for i in (5, 8, 13)},
+    **{name: "chunks that overlap or run to the last row: each row is written with the same values again"
+       for name in ("pipeline.train.token_log_probs.xǁ_TokenLogProbsǁbackward__mutmut_17",
+                    "pipeline.train.token_log_probs.xǁ_TokenLogProbsǁbackward__mutmut_20",
+                    "pipeline.train.token_log_probs.xǁ_TokenLogProbsǁforward__mutmut_31",
+                    "pipeline.train.token_log_probs.xǁ_TokenLogProbsǁforward__mutmut_33")},
+    "pipeline.train.token_log_probs.x__scaled__mutmut_9": (
+        "index_select already made the copy; .to() of the same dtype returns that copy itself"),
+    "pipeline.train.token_log_probs.xǁ_TokenLogProbsǁforward__mutmut_53": "dim +1 and -1 name the same axis of [rows, V]",
+    "pipeline.train.token_log_probs.xǁ_TokenLogProbsǁforward__mutmut_63": "dim +1 and -1 name the same axis of [rows, V]",
+    "pipeline.train.token_log_probs.xǁ_TokenLogProbsǁforward__mutmut_96": (
+        "materialized zero gradients for an unused output add zero: the same gradient, computed more slowly"),
 }

@@ -2,6 +2,7 @@
 for reuse, so repeated large allocations stop faulting pages in; its defaults come back after;
 the environment wins; pre-flight checks the key."""
 
+import ctypes
 import os
 import subprocess
 import sys
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline import malloc
 from pipeline.malloc import ENV_KEYS, keep_freed_memory, keep_freed_memory_problem
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -84,3 +86,85 @@ def test_the_run_applies_and_logs_it(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     log = (tmp_path / "run" / "run.log").read_text()
     assert "freed memory stays in the process for reuse (keep_freed_memory: no mmap, trim above 2 GB)" in log
+
+
+class _RecordingMallopt:
+    """A stand-in for glibc's mallopt that records its calls and answers `result`."""
+
+    def __init__(self, result: int = 1) -> None:
+        self.calls: list[tuple[int, int]] = []
+        self.result = result
+
+    def __call__(self, param: int, value: int) -> int:
+        self.calls.append((param, value))
+        return self.result
+
+
+@pytest.fixture
+def fake_mallopt(monkeypatch: pytest.MonkeyPatch) -> _RecordingMallopt:
+    for key in ENV_KEYS:
+        monkeypatch.delenv(key, raising=False)
+    fake = _RecordingMallopt()
+    monkeypatch.setattr(malloc, "_mallopt", lambda: fake)
+    return fake
+
+
+SET = [(-4, 0), (-1, 2**31 - 1)]  # M_MMAP_MAX 0, M_TRIM_THRESHOLD 2 GB
+DEFAULTS = [(-4, 65536), (-1, 128 * 1024)]  # glibc's defaults
+
+
+def test_the_block_sets_both_values_and_puts_the_defaults_back(fake_mallopt: _RecordingMallopt) -> None:
+    with keep_freed_memory(True) as said:
+        assert said == "freed memory stays in the process for reuse (keep_freed_memory: no mmap, trim above 2 GB)"
+        assert fake_mallopt.calls == SET
+    assert fake_mallopt.calls == SET + DEFAULTS
+
+
+def test_the_defaults_come_back_when_the_block_raises(fake_mallopt: _RecordingMallopt) -> None:
+    with pytest.raises(KeyboardInterrupt), keep_freed_memory(True):
+        raise KeyboardInterrupt
+    assert fake_mallopt.calls == SET + DEFAULTS
+
+
+def test_a_refused_mallopt_is_undone_and_said(fake_mallopt: _RecordingMallopt) -> None:
+    fake_mallopt.result = 0
+    with keep_freed_memory(True) as said:
+        assert said == "keep_freed_memory not applied: mallopt refused it"
+    assert fake_mallopt.calls == [(-4, 0)] + DEFAULTS  # the first refusal stops; nothing more after the block
+
+
+@pytest.mark.parametrize(("value", "env"), [(False, {}), ("yes", {}), (True, {"MALLOC_TOP_PAD_": "0"})])
+def test_nothing_is_set_when_off_refused_or_preset(fake_mallopt: _RecordingMallopt, monkeypatch: pytest.MonkeyPatch,
+                                                   value: object, env: dict[str, str]) -> None:
+    for key, val in env.items():
+        monkeypatch.setenv(key, val)
+    with keep_freed_memory(value):
+        pass
+    assert fake_mallopt.calls == []
+
+
+def test_without_glibc_nothing_is_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key in ENV_KEYS:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setattr(malloc, "_mallopt", lambda: None)
+    with keep_freed_memory(True) as said:
+        assert said == "keep_freed_memory not applied: the C library has no mallopt (not glibc)"
+
+
+def test_every_preset_variable_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key in ENV_KEYS:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "1")
+    monkeypatch.setenv("MALLOC_TOP_PAD_", "2")
+    with keep_freed_memory(True) as said:
+        assert said == ("malloc as the environment says (MALLOC_TRIM_THRESHOLD_=1, MALLOC_TOP_PAD_=2); "
+                        "keep_freed_memory not applied")
+
+
+def test_the_real_mallopt_is_glibcs() -> None:
+    malloc._mallopt.cache_clear()
+    fn = malloc._mallopt()
+    if not sys.platform.startswith("linux"):
+        pytest.skip("glibc")
+    # (not called here: a mallopt call would fix glibc's adaptive thresholds for this test process)
+    assert fn is not None and fn.argtypes == [ctypes.c_int, ctypes.c_int] and fn.restype is ctypes.c_int

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import torch
@@ -133,42 +134,27 @@ def _threads() -> int:
 def test_a_thread_gives_its_openmp_workers_back() -> None:
     """A thread that ran a parallel op holds a worker thread afterwards; release_thread_workers
     ends it (the thread count drops by the pool's workers), and the next op starts new ones."""
-    counts: dict[str, int] = {}
     released: list[bool] = []
-    threads_before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        def work() -> None:
-            x = torch.randn(512, 512)
-            (x @ x).sum()
-            counts["after op"] = _threads()
-            released.append(release_thread_workers())
-            counts["after release"] = _threads()
-            (x @ x).sum()
-            counts["after next op"] = _threads()
-            release_thread_workers()
-
-        t = threading.Thread(target=work)
-        t.start()
-        t.join()
-    finally:
-        torch.set_num_threads(threads_before)
+    x = torch.randn(512, 512)
+    counts = _counts_in_a_thread(("after op", lambda: (x @ x).sum()),
+                                 ("after release", lambda: released.append(release_thread_workers())),
+                                 ("after next op", lambda: (x @ x).sum()))
     assert released == [True]
     assert counts["after release"] == counts["after op"] - 1  # its one worker (2 threads) ended
     assert counts["after next op"] == counts["after op"]
 
 
-def _after_in_a_thread(torch_work, then) -> dict[str, int]:
-    """Thread counts in a new thread: after `torch_work` (its OpenMP pool exists) and after `then`."""
+def _counts_in_a_thread(*steps: tuple[str, Callable[[], object]]) -> dict[str, int]:
+    """Run the (label, fn) steps in a new thread with 2 torch threads; the process's thread count
+    after each step, by label."""
     counts: dict[str, int] = {}
     threads_before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
         def work() -> None:
-            torch_work()
-            counts["after op"] = _threads()
-            then()
-            counts["after"] = _threads()
+            for label, fn in steps:
+                fn()
+                counts[label] = _threads()
             release_thread_workers()
 
         t = threading.Thread(target=work)
@@ -191,7 +177,7 @@ def test_a_thread_waiting_for_the_rollout_loop_gives_its_workers_back() -> None:
         return None
 
     x = torch.randn(512, 512)
-    counts = _after_in_a_thread(lambda: (x @ x).sum(), lambda: run_sync(nothing()))
+    counts = _counts_in_a_thread(("after op", lambda: (x @ x).sum()), ("after", lambda: run_sync(nothing())))
     assert counts["after"] == counts["after op"] - 1
 
 
@@ -208,7 +194,8 @@ def test_the_async_trainer_thread_gives_its_workers_back_after_each_job() -> Non
             return {"train/loss": float((x @ x).sum())}
 
     ctx = SimpleNamespace(rollout_id=0, train_data={"tokens": []})
-    counts = _after_in_a_thread(lambda: None, lambda: _train(MatmulTrainer(), ctx))
+    counts = _counts_in_a_thread(("after op", lambda: None), ("after", lambda: _train(MatmulTrainer(), ctx)))
     assert counts["after"] == counts["after op"]  # the job's workers came and went
-    counts = _after_in_a_thread(lambda: (x @ x).sum(), lambda: _train(MatmulTrainer(), ctx))
+    counts = _counts_in_a_thread(("after op", lambda: (x @ x).sum()),
+                                 ("after", lambda: _train(MatmulTrainer(), ctx)))
     assert counts["after"] == counts["after op"] - 1

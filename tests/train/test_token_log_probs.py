@@ -31,12 +31,12 @@ def test_values_equal_log_softmax_and_entropy(small_chunks: None, temperature: f
     torch.testing.assert_close(entropy, ref_h, rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 2.0])
 def test_gradients_pass_gradcheck(small_chunks: None, temperature: float) -> None:
     torch.manual_seed(1)
-    logits = (torch.randn(8, 11, dtype=torch.float64) * 3).requires_grad_(True)
-    targets = torch.randint(0, 11, (8,))
-    rows = torch.tensor([0, 2, 3, 4, 7])
+    logits = (torch.randn(13, 11, dtype=torch.float64) * 3).requires_grad_(True)
+    targets = torch.randint(0, 11, (13,))
+    rows = torch.tensor([0, 2, 3, 4, 5, 6, 7, 9, 10, 12])  # 4 chunks of up to 3
     assert torch.autograd.gradcheck(lambda x: token_log_probs(x, targets[rows], temperature, rows), (logits,))
     assert torch.autograd.gradcheck(lambda x: token_log_probs(x, targets[rows], temperature, rows)[0], (logits,))
     assert torch.autograd.gradcheck(lambda x: token_log_probs(x, targets[rows], temperature, rows)[1], (logits,))
@@ -75,12 +75,27 @@ def test_bfloat16_logits_give_float32_results_and_bfloat16_gradients() -> None:
     torch.testing.assert_close(logits.grad.float(), reference.grad.float(), rtol=0, atol=4e-3)
 
 
+def test_each_row_is_shifted_by_its_own_maximum(small_chunks: None) -> None:
+    """Rows of very different scale in one chunk: no row underflows to -inf or NaN."""
+    logits = torch.tensor([[1000.0, 999.0, 998.0], [-1000.0, -1001.0, -1003.0], [0.5, 0.0, -0.5]],
+                          dtype=torch.float64)
+    targets = torch.tensor([0, 2, 1])
+    log_probs, entropy = token_log_probs(logits, targets)
+    ref_lp, ref_h = _reference(logits, targets, 1.0)
+    torch.testing.assert_close(log_probs, ref_lp, rtol=0, atol=1e-12)
+    torch.testing.assert_close(entropy, ref_h, rtol=0, atol=1e-12)
+
+
 @pytest.mark.parametrize(("args", "message"), [
-    ((torch.zeros(2, 3, 4), torch.zeros(2, dtype=torch.long)), r"needs logits \[R, V\]"),
-    ((torch.zeros(2, 3), torch.zeros(3, dtype=torch.long)), r"rows \[N\] and targets \[N\]"),
-    ((torch.zeros(2, 3), torch.zeros(2, dtype=torch.long), 0.0), "needs a temperature > 0, got 0.0"),
-    ((torch.zeros(3, 3), torch.zeros(2, dtype=torch.long), 1.0, torch.tensor([1, 1])), "needs distinct rows"),
+    ((torch.zeros(2, 3, 4), torch.zeros(2, dtype=torch.long)), r"token_log_probs needs logits \[R, V\], got \(2, 3, 4\)"),
+    ((torch.zeros(2, 3), torch.zeros(3, dtype=torch.long)),
+     r"token_log_probs needs rows \[N\] and targets \[N\], got \(2,\) and \(3,\)"),
+    ((torch.zeros(4, 3), torch.zeros(2, 2, dtype=torch.long), 1.0, torch.tensor([[0, 1], [2, 3]])),
+     r"token_log_probs needs rows \[N\] and targets \[N\], got \(2, 2\) and \(2, 2\)"),
+    ((torch.zeros(2, 3), torch.zeros(2, dtype=torch.long), 0.0), r"token_log_probs needs a temperature > 0, got 0.0"),
+    ((torch.zeros(3, 3), torch.zeros(2, dtype=torch.long), 1.0, torch.tensor([1, 1])),
+     "token_log_probs needs distinct rows"),
 ])
 def test_bad_arguments_are_refused(args: tuple, message: str) -> None:
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError, match=f"^{message}$"):
         token_log_probs(*args)
