@@ -73,14 +73,15 @@ def default_engine_kwargs() -> dict[str, Any]:
     from pipeline.precision import resolve_dtype
 
     conf = OmegaConf.load(ROOT / "conf" / "engine" / "hf.yaml")
-    out = {k: conf[k] for k in ("decode_impl", "max_batch_size", "packed_matmuls")}
+    out = {k: conf[k] for k in ("decode_impl", "max_batch_size", "packed_matmuls", "native_kernels")}
     return {**out, "dtype": resolve_dtype("auto")}
 
 
 def engines(model: str, compiled: bool = False) -> dict[str, Any]:
     """The engines compared: before (legacy float32, in a process of its own whose OpenMP
     threads sleep at once, as `run.py` had them), the same in this process (spinning OpenMP
-    threads), after (the default), static float32 without oneDNN-packed weights, and with
+    threads), after (the default), the default without the native kernels (PyTorch ops between
+    the matmuls), static float32 without oneDNN-packed weights, and with
     `compiled` the default with `compile_decode=True`."""
     from pipeline.engines.hf import HFEngine
 
@@ -91,7 +92,11 @@ def engines(model: str, compiled: bool = False) -> dict[str, Any]:
     specs = {
         "legacy, float32, in this process (OpenMP threads spin)": legacy,
         f"after: {default['decode_impl']}, {default['dtype']} (default)":
-            dict(decode_impl=default["decode_impl"], dtype=default["dtype"], packed_matmuls=default["packed_matmuls"]),
+            dict(decode_impl=default["decode_impl"], dtype=default["dtype"], packed_matmuls=default["packed_matmuls"],
+                 native_kernels=default["native_kernels"]),
+        f"static, {default['dtype']}, PyTorch ops between the matmuls (native_kernels=false)":
+            dict(decode_impl="static", dtype=default["dtype"], packed_matmuls=default["packed_matmuls"],
+                 native_kernels=False),
         "static, float32, aten::linear (packed_matmuls=false)":
             dict(decode_impl="static", dtype="float32", packed_matmuls=False),
     }

@@ -27,9 +27,11 @@ with a warning) and "legacy" (`hf_decode.DecodeBatch`: the transformers forward 
 `DynamicCache`, padded and concatenated as rows join). `compile_decode` runs the static path's
 per-layer step through `torch.compile` (one graph for all layers; off by default: see the
 README's performance section for compile time against gain); uncompiled float32 steps use
-oneDNN-packed weights (`packed_matmuls`, `hf_lean`). Both prefill with the transformers
-forward. `dtype` bfloat16 roughly doubles throughput at batch >= 8 on AVX-512 BF16 CPUs and is
-many times slower on CPUs without bfloat16 kernels; "auto" (the default) picks it only where it
+oneDNN-packed weights (`packed_matmuls`, `hf_lean`), and bfloat16 ones run the work between
+the matmuls, and the sampling, on fused C kernels (`native_kernels`,
+`pipeline.engines.native_kernels`) where the CPU has AVX-512 and a C compiler is found. Both
+prefill with the transformers forward. `dtype` bfloat16 roughly doubles throughput at batch >= 8
+on AVX-512 BF16 CPUs and is many times slower on CPUs without bfloat16 kernels; "auto" (the default) picks it only where it
 is fast (`pipeline.precision`). float32 is the exact reference (greedy outputs of both paths
 agree on the bundled eval prompts).
 """
@@ -46,10 +48,11 @@ from typing import Any
 
 import torch
 
-from pipeline.engines.assets import load_tokenizer, resolve_checkpoint
+from pipeline.engines import native_kernels
+from pipeline.engines.assets import default_cache_dir, load_tokenizer, resolve_checkpoint
 from pipeline.engines.base import GenerationRequest, GenerationResult
 from pipeline.engines.hf_decode import DecodeBatch, Row, log_probs_alone
-from pipeline.engines.hf_lean import LeanDecoder, supports
+from pipeline.engines.hf_lean import LeanDecoder, native_problem, supports
 from pipeline.engines.hf_static import StaticDecodeBatch
 from pipeline.engines.weight_sync import copy_into_model, versions_per_token
 from pipeline.openmp import release_thread_workers
@@ -86,6 +89,7 @@ class HFEngine:
         decode_impl: str = "static",
         compile_decode: bool = False,
         packed_matmuls: bool = True,
+        native_kernels: bool = True,
     ) -> None:
         if decode_impl not in DECODE_IMPLS:
             raise ValueError(f"engine.decode_impl must be one of {sorted(DECODE_IMPLS)}, got {decode_impl!r}")
@@ -103,6 +107,7 @@ class HFEngine:
         self.decode_impl = decode_impl
         self.compile_decode = compile_decode
         self.packed_matmuls = packed_matmuls
+        self.native_kernels = native_kernels
         self._decoder: LeanDecoder | None = None
         # seeds requests that carry no seed of their own
         self._rng = random.Random(seed)
@@ -157,6 +162,8 @@ class HFEngine:
                 reason = supports(self.model)
                 if reason is None:
                     self._decoder = LeanDecoder(self.model, compile=self.compile_decode, packed=self.packed_matmuls)
+                    if self.native_kernels:
+                        self._attach_native_kernels(self._decoder)
                 else:
                     logger.warning("hf engine: %s; using decode_impl=legacy", reason)
             release_thread_workers()  # this thread's OpenMP workers (pipeline.openmp): loading is done
@@ -165,8 +172,23 @@ class HFEngine:
             logger.info("hf engine ready: %s, %s, %s decode%s, %d threads, max batch %d", path, self.dtype,
                         "static" if self._decoder else "legacy",
                         " (compiled)" if self._decoder and self._decoder.compiled else
+                        " (oneDNN-packed matmuls, native kernels)" if self._decoder and self._decoder.native else
                         " (oneDNN-packed matmuls)" if self._decoder and self._decoder.packed else "",
                         self.num_threads, self.max_batch_size)
+
+    def _attach_native_kernels(self, decoder: LeanDecoder) -> None:
+        """`native_kernels`: build or load the fused C kernels and hand them to `decoder`, or
+        log why its steps keep PyTorch's ops (not this engine's precision or model, no AVX-512,
+        no C compiler, a failed build)."""
+        reason = native_problem(decoder)
+        if reason is None:
+            try:
+                reason = decoder.use_native(native_kernels.load(self.cache_dir or default_cache_dir()))
+            except RuntimeError as exc:
+                logger.warning("hf engine: %s; the decode step keeps PyTorch's ops", exc)
+                return
+        if reason is not None:
+            logger.info("hf engine: native decode kernels not used: %s", reason)
 
     def close(self) -> None:
         """Stop the decode thread; pending requests finish with "abort". Idempotent."""

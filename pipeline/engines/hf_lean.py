@@ -25,6 +25,12 @@ every weight once and does little arithmetic with it, and skipping the re-pack m
 CPU, with results bit-identical to `aten::linear`'s (README "Performance"). `refresh()` reorders
 the changed weights again.
 
+`native=` (a `native_kernels.NativeKernels`; bfloat16, packed) runs each layer's work between its
+four matmuls in three fused C calls instead of the PyTorch ops of `decode_layer`: the residual add
+with the RMSNorm, RoPE with the cache write and the attention, SiLU times up (`_native_step`;
+what it rounds differently: `pipeline/engines/native_kernels.py`). `native_problem` says when a
+decoder cannot use them.
+
 Supported: decoder-only models with the Llama layer layout (`model.model.layers[i].self_attn.
 {q,k,v,o}_proj`, `mlp.{gate,up,down}_proj`, RMSNorms, SiLU, full attention, optional q/k/v bias
 as in Qwen2, optional q/k norms as in Qwen3). `supports(model)` says whether a model qualifies.
@@ -37,9 +43,10 @@ from typing import Any, Callable
 
 import torch
 
+from pipeline.engines.native_kernels import NativeKernels
 from pipeline.precision import fast_bfloat16
 
-__all__ = ["LeanDecoder", "packable_dtype", "packed_matmuls_available", "supports"]
+__all__ = ["LeanDecoder", "native_problem", "packable_dtype", "packed_matmuls_available", "supports"]
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +82,8 @@ def supports(model: Any) -> str | None:
 class LeanDecoder:
     """Runs decode steps of `model` against caller-owned key/value caches (see module doc)."""
 
-    def __init__(self, model: Any, compile: bool = False, packed: bool = False) -> None:
+    def __init__(self, model: Any, compile: bool = False, packed: bool = False,
+                 native: NativeKernels | None = None) -> None:
         reason = supports(model)
         if reason is not None:
             raise ValueError(f"the static decode path cannot run this model: {reason}")
@@ -106,8 +114,20 @@ class LeanDecoder:
             cos, sin = inner.rotary_emb(probe, torch.arange(positions).unsqueeze(0))
         self.cos, self.sin = cos[0], sin[0]  # [positions, head_dim], the transformers values
         self.compiled = compile
+        # the fused C kernels between the matmuls (bfloat16, packed, Llama layout only)
+        self.native: NativeKernels | None = None
+        self._hidden = int(cfg.hidden_size)
+        if native is not None:
+            self.use_native(native)
         # one compiled graph for every layer; shapes (rows, live columns) are symbolic
         self._layer = torch.compile(decode_layer, dynamic=True) if compile else decode_layer
+
+    def use_native(self, kernels: NativeKernels) -> str | None:
+        """Run the steps' work between the matmuls on `kernels` (`native_kernels`); returns why
+        not (and keeps the PyTorch ops) when this decoder cannot, else None."""
+        reason = native_problem(self)
+        self.native = kernels if reason is None else None
+        return reason
 
     def _fuse(self, layer: Any, matmuls: bool = True) -> dict[str, Any]:
         """A layer's weights for `decode_layer`; `matmuls=False` leaves out the fused q/k/v and
@@ -176,6 +196,8 @@ class LeanDecoder:
         column + 1 - start] added to the scores (0 for real tokens, -inf for padding).
         Returns float32 logits [B, V].
         """
+        if self.native is not None:
+            return self._native_step(tokens, positions, cache, column, start, bias)
         rows = tokens.shape[0]
         dim = self.head_dim
         cos = self.cos[positions].view(rows, 1, 1, dim)
@@ -192,6 +214,50 @@ class LeanDecoder:
         if self.packed:
             return packed_linear(x, self._packed_lm_head).float()
         return torch.nn.functional.linear(x, self.lm_head).float()
+
+    def _native_step(self, tokens: torch.Tensor, positions: torch.Tensor, cache: torch.Tensor,
+                     column: int, start: int, bias: torch.Tensor) -> torch.Tensor:
+        """`step` with the work between the matmuls in the native kernels (same contract)."""
+        kernels = self.native
+        assert kernels is not None
+        rows = tokens.shape[0]
+        cos, sin = self.cos[positions], self.sin[positions]  # [B, dim], contiguous
+        bias = bias.reshape(rows, -1)
+        x = self.embed[tokens]  # [B, hidden], a new tensor: the residual stream, updated in place
+        h = torch.empty_like(x)
+        attn = torch.empty((rows, self.num_heads * self.head_dim), dtype=self.dtype)
+        delta: torch.Tensor | None = None
+        for i, w in enumerate(self.layers):
+            m = self._packed_layers[i]
+            kernels.add_rms_norm(x, delta, w["in_norm"], h, w["eps"])
+            qkv = packed_linear(h, m["qkv"])
+            kernels.rope_attention(qkv, cos, sin, cache[0, i], cache[1, i], bias, attn, self.num_heads,
+                                   column, start, self.scaling)
+            kernels.add_rms_norm(x, packed_linear(attn, m["o"]), w["post_norm"], h, w["eps"])
+            gate_up = packed_linear(h, m["gate_up"])
+            act = torch.empty((rows, gate_up.shape[1] // 2), dtype=self.dtype)
+            kernels.silu_mul(gate_up, act)
+            delta = packed_linear(act, m["down"])
+        kernels.add_rms_norm(x, delta, self.norm.weight, h, float(self.norm.variance_epsilon))
+        return packed_linear(h, self._packed_lm_head).float()
+
+
+def native_problem(decoder: LeanDecoder) -> str | None:
+    """None when `decoder` can run its steps on the native kernels, else why not."""
+    if decoder.dtype != torch.bfloat16:
+        return f"they are bfloat16 kernels and the engine runs {str(decoder.dtype).removeprefix('torch.')}"
+    if not decoder.packed:
+        return "they need the oneDNN-packed matmuls (packed_matmuls=true, compile_decode=false)"
+    first = decoder.layers[0]
+    if first["qkv_bias"] is not None or first["q_norm"] is not None:
+        return "the model has q/k/v biases or q/k norms"
+    hidden, inter = decoder._hidden, int(first["down"].shape[1])
+    if decoder.head_dim % 32 or decoder.head_dim > 128 or hidden % 16 or inter % 16:
+        return (f"head_dim {decoder.head_dim} (needs a multiple of 32 up to 128), hidden {hidden} and "
+                f"intermediate size {inter} (need multiples of 16)")
+    if decoder.num_heads % decoder.num_kv_heads or decoder.num_heads // decoder.num_kv_heads > 8:
+        return f"{decoder.num_heads} query heads over {decoder.num_kv_heads} key/value heads (up to 8 per key/value head)"
+    return None
 
 
 def decode_layer(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor,

@@ -9,6 +9,10 @@ logits). This is inverse-CDF sampling (searched in two levels, blocks then entri
 instead of one per vocabulary entry (which is what `multinomial` draws on CPU, and what made a
 Python loop of them a fifth of a decode step at batch 32).
 
+With the native kernels (`native_kernels.NativeKernels.sample`, used by the static path when its
+decoder runs on them) rows without top-k / top-p are sampled in one C call: the same draws and
+the same two-level search, in two passes over each row's logits.
+
 Log-probs follow `pipeline.engines.hf_decode`: `log_softmax(logits / temperature)[token]` before
 the top-k / top-p cut; greedy rows (temperature 0) take the argmax and report
 `log_softmax(logits)[token]`.
@@ -16,7 +20,7 @@ the top-k / top-p cut; greedy rows (temperature 0) take the argmax and report
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -29,14 +33,22 @@ _BLOCK = 512
 
 
 def sample_batch(logits: torch.Tensor, params: Sequence[SamplingParams],
-                 generators: Sequence[torch.Generator]) -> tuple[torch.Tensor, list[float]]:
+                 generators: Sequence[torch.Generator], kernels: Any = None) -> tuple[torch.Tensor, list[float]]:
     """Sample one token per row of `logits` [B, V] (float32).
 
-    Returns the tokens as a [B] long tensor and their log-probs.
+    Returns the tokens as a [B] long tensor and their log-probs. With `kernels` (a
+    `native_kernels.NativeKernels`) and no row asking for top-k / top-p, one C call does the
+    work (the same draws from the same generators, the same two-level search; see
+    `NativeKernels.sample` for what is rounded differently).
     """
     vocab = logits.shape[1]
     temps = [max(p.temperature, 0.0) for p in params]
     sampled = [i for i, t in enumerate(temps) if t > 0.0]
+    if kernels is not None and not any(0 < params[i].top_k < vocab or params[i].top_p < 1.0 for i in sampled):
+        draws = [torch.rand(1, generator=generators[i], dtype=torch.float64).item() if t > 0.0 else 0.0
+                 for i, t in enumerate(temps)]
+        tokens, chosen = kernels.sample(logits, torch.tensor(temps), torch.tensor(draws, dtype=torch.float64))
+        return tokens, chosen.tolist()
     if all(t in (0.0, 1.0) for t in temps):  # x / 1.0 == x: skip a [B, V] division
         logp = torch.log_softmax(logits, dim=-1)
     else:

@@ -14,7 +14,8 @@
 - Prefill is the transformers forward (as in the legacy path), so a row's prompt cache and its
   first token are computed exactly as before; rows joining together with the same prompt (a
   GRPO group's n samples) share one prefill row, whose cache and logits each of them copies.
-- Sampling is one batched call (`hf_sampling.sample_batch`).
+- Sampling is one batched call (`hf_sampling.sample_batch`; with the decoder's native kernels,
+  one C call).
 """
 
 from __future__ import annotations
@@ -156,8 +157,8 @@ class StaticDecodeBatch:
         self._accept(self.rows, logits, offset=0)
 
     def _accept(self, rows: list[Row], logits: torch.Tensor, offset: int) -> None:
-        tokens, log_probs = sample_batch(logits, [r.sampling for r in rows],
-                                         [r.generator for r in rows])
+        tokens, log_probs = sample_batch(logits, [r.sampling for r in rows], [r.generator for r in rows],
+                                         self.decoder.native)
         self._last[offset: offset + len(rows)] = tokens
         self.tokens_generated += len(rows)
         for row, tok, lp in zip(rows, tokens.tolist(), log_probs):

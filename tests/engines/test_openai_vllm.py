@@ -32,7 +32,7 @@ import torch
 from pipeline.engines.base import GenerationRequest, GenerationResult
 from pipeline.engines.openai import OpenAIEngine
 from tests.engines.conftest import request
-from tests.engines.vllm_server import selected, serve
+from tests.engines.vllm_server import paused, selected, serve
 
 logger = logging.getLogger(__name__)
 
@@ -40,12 +40,14 @@ logger = logging.getLogger(__name__)
 # measured differences are ~1e-5).
 LOGPROB_ATOL = 1e-3
 # The throughput comparison: requests in flight at once (vLLM's --max-num-seqs too) and new
-# tokens each. The default hf engine must stay MIN_SPEEDUP x ahead of vLLM's CPU backend on the
-# same cores: measured 2.15x on an AVX-512 BF16 CPU and 3.27x on an AMX CPU against this float32
-# server, 1.46x against vLLM serving bfloat16 on the AMX CPU (README performance section).
+# tokens each. The default hf engine must stay MIN_SPEEDUP x ahead of vLLM's float32 server (the
+# issue's target, 3x; measured 7.97x on an AMX CPU with the native decode kernels) and
+# MIN_SPEEDUP_BFLOAT16 x ahead of vLLM serving bfloat16 (measured 3.22x there; the floor leaves
+# room for run-to-run noise). README performance section.
 CONCURRENCY = 32
 THROUGHPUT_NEW_TOKENS = 32
-MIN_SPEEDUP = 1.5
+MIN_SPEEDUP = 3.0
+MIN_SPEEDUP_BFLOAT16 = 2.5
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
@@ -186,12 +188,13 @@ def test_abort_returns_partial_output(vllm_url: str, model_path: str, hf_engine:
         eng.close()
 
 
-def test_throughput_against_the_default_hf_engine(engine: OpenAIEngine, model_path: str) -> None:
-    """The default hf engine (static decode path, `dtype: auto`) against vLLM's CPU backend: the
-    same CONCURRENCY seeded requests (temperature 1, THROUGHPUT_NEW_TOKENS new tokens) in flight
-    at once, runs interleaved, generated tokens per wall second (median of 3). vLLM serves in
-    float32, as this module's server runs for the log-prob tests; both share this machine's
-    cores, so each run gets them while the other waits."""
+def _throughput_against(vllm: OpenAIEngine, url: str, model_path: str, served: str) -> tuple[float, float]:
+    """The default hf engine (static decode path, `dtype: auto`, native kernels) against the vLLM
+    server at `url` serving `served`: the same CONCURRENCY seeded requests (temperature 1,
+    THROUGHPUT_NEW_TOKENS new tokens) in flight at once, runs interleaved, generated tokens per
+    wall second (median of 3). Both share this machine's cores, so each run gets them while the
+    other waits: the hf engine's decode thread sleeps without requests, and the vLLM server is
+    paused (`vllm_server.paused`) while the hf engine runs. Returns (ours, vLLM's)."""
     import statistics
 
     from pipeline.engines.hf import HFEngine
@@ -210,16 +213,44 @@ def test_throughput_against_the_default_hf_engine(engine: OpenAIEngine, model_pa
             res = await asyncio.gather(*(eng.generate(r) for r in reqs))
             return sum(len(r.output_ids) for r in res) / (time.perf_counter() - start)
 
-        for eng in (engine, hf):  # warm-up
-            asyncio.run(rate(eng))
+        asyncio.run(rate(vllm))  # warm-up
+        with paused(url):
+            asyncio.run(rate(hf))
         rates: dict[str, list[float]] = {"vllm": [], "hf": []}
         for _ in range(3):
-            rates["vllm"].append(asyncio.run(rate(engine)))
-            rates["hf"].append(asyncio.run(rate(hf)))
+            rates["vllm"].append(asyncio.run(rate(vllm)))
+            with paused(url):
+                rates["hf"].append(asyncio.run(rate(hf)))
     finally:
         hf.close()
     ours, theirs = statistics.median(rates["hf"]), statistics.median(rates["vllm"])
-    logger.warning("throughput at %d concurrent requests x %d new tokens: hf %.1f, vLLM %.1f "
-                   "tokens/s (x%.2f; load average %.1f)", CONCURRENCY, THROUGHPUT_NEW_TOKENS,
-                   ours, theirs, ours / theirs, os.getloadavg()[0])
-    assert ours >= MIN_SPEEDUP * theirs, (rates, os.getloadavg())
+    logger.warning("throughput at %d concurrent requests x %d new tokens: hf (%s) %.1f, vLLM (%s) %.1f "
+                   "tokens/s (x%.2f; load average %.1f; runs %s)", CONCURRENCY, THROUGHPUT_NEW_TOKENS,
+                   hf.dtype, ours, served, theirs, ours / theirs, os.getloadavg()[0], rates)
+    return ours, theirs
+
+
+def test_throughput_against_the_default_hf_engine(engine: OpenAIEngine, vllm_url: str, model_path: str) -> None:
+    """Against this module's float32 server (the one the log-prob tests use)."""
+    ours, theirs = _throughput_against(engine, vllm_url, model_path, "float32")
+    assert ours >= MIN_SPEEDUP * theirs, (ours, theirs, os.getloadavg())
+
+
+def test_throughput_against_vllm_serving_bfloat16(model_path: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The same comparison against a second server that serves bfloat16, the precision the hf
+    engine runs on CPUs with fast bfloat16 kernels (on others vLLM's bfloat16 is no fair
+    opponent: the test compares float32 only)."""
+    from pipeline.precision import fast_bfloat16
+
+    if os.environ.get("VLLM_BASE_URL"):
+        pytest.skip("VLLM_BASE_URL names one server; this test starts its own bfloat16 one")
+    if not fast_bfloat16():
+        pytest.skip("bfloat16 is not this CPU's fast precision: the hf engine runs float32 here")
+    with serve(model_path, tmp_path_factory.mktemp("vllm_bf16") / "vllm.log",
+               ["--max-num-seqs", str(CONCURRENCY), "--dtype", "bfloat16"]) as url:
+        eng = OpenAIEngine(url, model=model_path, dialect="vllm", hf_checkpoint=model_path, request_timeout_s=300.0)
+        try:
+            ours, theirs = _throughput_against(eng, url, model_path, "bfloat16")
+        finally:
+            eng.close()
+    assert ours >= MIN_SPEEDUP_BFLOAT16 * theirs, (ours, theirs, os.getloadavg())
