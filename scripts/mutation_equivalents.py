@@ -133,9 +133,6 @@ EQUIVALENT: dict[str, str] = {
         "its length for any initial value <= 2 (a sample has a prompt and a response token)"),
     **{f"pipeline.train.batches.x_pad_tokens__mutmut_{i}": "torch.full with an int fill value is int64 (torch.long) "
        "already" for i in (9, 12)},
-    "pipeline.train.batches.x_response_log_probs__mutmut_58": (
-        "the last kept column (the last position) predicts no token: a real response column is at most keep - 2, "
-        "so clamping the padding columns at keep - 2 instead of keep - 1 only changes columns that are cut away"),
     # pipeline/train/shared_prompt.py
     "pipeline.train.shared_prompt.x_length_chunks__mutmut_10": (
         "best[0] = 1 adds the same 1 to the cost of every split, so the least-cost split is the same"),

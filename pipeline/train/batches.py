@@ -119,33 +119,35 @@ def response_log_probs(model: Any, tokens: list[torch.Tensor], response_lengths:
     keep = width - first_logit  # logits of positions first_logit .. width - 1
     with torch.autocast("cpu", dtype=autocast_dtype, enabled=autocast_dtype is not None):
         logits = model(input_ids=ids, attention_mask=attention, logits_to_keep=keep, use_cache=False).logits
-    # row r's response starts at column starts[r] of `logits`; shift every row to column 0 with one
-    # gather so the log-softmax below runs once over [B, longest response, V]
-    starts = torch.tensor([int(t.shape[0]) - n - 1 - first_logit for t, n in zip(tokens, response_lengths)])
-    columns = (starts.unsqueeze(1) + torch.arange(max(response_lengths))).clamp(max=keep - 1)
-    aligned = logits.gather(1, columns.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
+    # row r's response starts at column starts[r] of `logits`: only those positions are scored
+    # (no aligned copy of the [B, keep, V] logits)
+    starts = [int(t.shape[0]) - n - 1 - first_logit for t, n in zip(tokens, response_lengths)]
     targets = pad_tokens([t[int(t.shape[0]) - n:] for t, n in zip(tokens, response_lengths)])[0]
-    return per_sample_log_probs(aligned, targets, response_lengths, temperature, with_entropy, entropy_grad)
+    return per_sample_log_probs(logits, targets, response_lengths, temperature, with_entropy, entropy_grad,
+                                starts=starts)
 
 
 def per_sample_log_probs(logits: torch.Tensor | None, targets: torch.Tensor, response_lengths: list[int],
                          temperature: float, with_entropy: bool, entropy_grad: bool,
-                         first_logits: torch.Tensor | None = None,
+                         first_logits: torch.Tensor | None = None, starts: list[int] | None = None,
                          ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
-    """Log-probs of `targets` [B, N] under `logits / temperature` ([B, N, V], position j predicting
-    target j; rows right-padded) and the entropies. With `first_logits` [B, V], position 0 of every
-    row comes from it and `logits` ([B, N - 1, V], or None when N is 1) holds positions 1 on (no
-    concatenated copy of the two). Only the response positions (not the padding) go through
-    `token_log_probs`; the results are cut per row."""
+    """Log-probs of `targets` [B, N] under `logits / temperature` ([B, W, V], column starts[r] + j
+    of row r predicting its target j; `starts` None: all 0; rows right-padded) and the
+    entropies. With `first_logits` [B, V], position 0 of every row comes from it and `logits`
+    ([B, N - 1, V], or None when N is 1) holds positions 1 on (no concatenated copy of the two).
+    Only the response positions (not the padding) go through `token_log_probs`; the results are
+    cut per row."""
     offset = 0 if first_logits is None else 1
+    if starts is None:
+        starts = [0] * len(response_lengths)
     parts: list[tuple[torch.Tensor, torch.Tensor]] = []  # (log-probs, entropies) of each source
     if first_logits is not None:
         parts.append(token_log_probs(first_logits, targets[:, 0], temperature))
-    if logits is not None and logits.shape[1] > 0:
+    if logits is not None:
         rows, width = logits.shape[:2]
-        positions = torch.cat([torch.arange(max(n - offset, 0)) + row * width
-                               for row, n in enumerate(response_lengths)])
-        wanted = targets[:, offset:offset + width].reshape(-1).index_select(0, positions)
+        positions = torch.cat([torch.arange(max(n - offset, 0)) + start + row * width
+                               for row, (n, start) in enumerate(zip(response_lengths, starts))])
+        wanted = torch.cat([targets[row, offset:n] for row, n in enumerate(response_lengths)])
         parts.append(token_log_probs(logits.reshape(rows * width, logits.shape[-1]), wanted, temperature, positions))
     log_probs = _per_row([p[0] for p in parts], response_lengths, offset)
     if not with_entropy:
@@ -157,8 +159,8 @@ def per_sample_log_probs(logits: torch.Tensor | None, targets: torch.Tensor, res
 def _per_row(sources: list[torch.Tensor], response_lengths: list[int], offset: int) -> list[torch.Tensor]:
     """Per row: its value from the first-position source (when `offset` is 1) followed by its
     segment of the other source."""
-    if offset == 0:
-        return list(sources[0].split(response_lengths)) if sources else [torch.empty(0)] * len(response_lengths)
+    if offset == 0:  # no first-position source: `logits` was given (every row has a response)
+        return list(sources[0].split(response_lengths))
     first = sources[0]
     if len(sources) == 1:
         return [first[row:row + 1] for row in range(len(response_lengths))]

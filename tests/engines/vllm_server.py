@@ -3,7 +3,8 @@
 `VLLM_PYTHON` (default `.venv-vllm/bin/python`, built by `scripts/vllm_venv.sh`) runs
 `-m vllm.entrypoints.openai.api_server` on a free 127.0.0.1 port, float32, eager mode, with the
 `--logprobs-mode processed_logprobs` the log-prob checks need; `serve` waits for `/health` and
-stops the server when the block ends.
+stops the server when the block ends. `paused` stops a served server's processes for a block
+(throughput comparisons: an idle vLLM worker polls for work).
 """
 
 from __future__ import annotations
