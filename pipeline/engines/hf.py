@@ -95,6 +95,10 @@ class HFEngine:
             raise ValueError(f"engine.decode_impl must be one of {sorted(DECODE_IMPLS)}, got {decode_impl!r}")
         if dtype not in DTYPES:
             raise ValueError(f"engine.dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+        for key, value in (("compile_decode", compile_decode), ("packed_matmuls", packed_matmuls),
+                           ("native_kernels", native_kernels)):
+            if not isinstance(value, bool):
+                raise ValueError(f"engine.{key} must be true or false, got {value!r}")
         self.hf_checkpoint = hf_checkpoint
         self.cache_dir = cache_dir
         self.num_threads = num_threads

@@ -106,6 +106,10 @@ def test_unknown_decode_impl_or_dtype_is_a_clear_error() -> None:
         HFEngine("smollm2-135m-instruct", decode_impl="fast")
     with pytest.raises(ValueError, match="engine.dtype must be one of"):
         HFEngine("smollm2-135m-instruct", dtype="int8")
+    # the switches take booleans only: "maybe" (a truthy string) would silently mean true
+    for key in ("compile_decode", "packed_matmuls", "native_kernels"):
+        with pytest.raises(ValueError, match=f"engine.{key} must be true or false, got 'maybe'"):
+            HFEngine("smollm2-135m-instruct", **{key: "maybe"})
 
 
 @pytest.fixture(scope="module")
