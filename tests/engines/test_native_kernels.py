@@ -87,8 +87,10 @@ def _attention_case(rows: int, heads: int, kv_heads: int, dim: int, column: int,
     bias = torch.zeros(rows, column + 1 - start, dtype=BF16)
     if rows > 1:
         bias[1, :3] = float("-inf")  # left padding of the second row
+    qkv = torch.randn(rows, (heads + 2 * kv_heads) * dim, generator=gen).to(BF16)
+    qkv[0] = 0.0  # signed zeros through RoPE's negation and products, as PyTorch rounds them
     return {
-        "qkv": torch.randn(rows, (heads + 2 * kv_heads) * dim, generator=gen).to(BF16),
+        "qkv": qkv,
         "cos": angles.cos().to(BF16), "sin": angles.sin().to(BF16),
         # two spare rows: the kernel must touch only rows 0..rows-1
         "keys": torch.randn(rows + 2, kv_heads, columns, dim, generator=gen).to(BF16),
@@ -128,8 +130,10 @@ def test_rope_attention_writes_the_cache_as_pytorch_and_attends_as_exactly(
     out = torch.empty(rows, heads * dim, dtype=BF16)
     kernels.rope_attention(case["qkv"], case["cos"], case["sin"], ours_keys, ours_values, case["bias"], out,
                            heads, column, start, case["scale"])
-    # the new key after RoPE and the value: PyTorch's bfloat16 ops exactly; nothing else changes
-    assert torch.equal(ours_keys, keys) and torch.equal(ours_values, values)
+    # the new key after RoPE and the value: PyTorch's bfloat16 ops bit for bit (signed zeros
+    # included); nothing else changes
+    assert torch.equal(ours_keys.view(torch.int16), keys.view(torch.int16))
+    assert torch.equal(ours_values.view(torch.int16), values.view(torch.int16))
     ours_error = (out.double() - exact).abs().max().item()
     pytorch_error = (reference.double() - exact).abs().max().item()
     # float32 probabilities: as close to float64 as PyTorch's SDPA (which rounds them to

@@ -132,9 +132,11 @@ void lean_silu_mul(const bf16 *gate_up, bf16 *out, int64_t rows, int64_t inter, 
  * each product and the sum rounded to bfloat16. Result as float32 in dst[dim]; dim % 32 == 0. */
 static inline void rope(const bf16 *src, const bf16 *cos, const bf16 *sin, int64_t dim, float *dst) {
     const int64_t half = dim / 2;
-    const __m512 zero = _mm512_setzero_ps();
+    const __m512i sign = _mm512_set1_epi32((int)0x80000000u);
     for (int64_t i = 0; i < dim; i += 16) {
-        __m512 rot = i < half ? _mm512_sub_ps(zero, load16(src + i + half)) : load16(src + i - half);
+        /* torch.neg flips the sign bit (so -(+0) is -0, which 0 - x is not) */
+        __m512 rot = i < half ? _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(load16(src + i + half)), sign))
+                              : load16(src + i - half);
         __m512 a = through_bf16(_mm512_mul_ps(load16(src + i), load16(cos + i)));
         __m512 b = through_bf16(_mm512_mul_ps(rot, load16(sin + i)));
         _mm512_storeu_ps(dst + i, through_bf16(_mm512_add_ps(a, b)));
