@@ -116,7 +116,6 @@ class LeanDecoder:
         self.compiled = compile
         # the fused C kernels between the matmuls (bfloat16, packed, Llama layout only)
         self.native: NativeKernels | None = None
-        self._hidden = int(cfg.hidden_size)
         if native is not None:
             self.use_native(native)
         # one compiled graph for every layer; shapes (rows, live columns) are symbolic
@@ -226,6 +225,7 @@ class LeanDecoder:
         x = self.embed[tokens]  # [B, hidden], a new tensor: the residual stream, updated in place
         h = torch.empty_like(x)
         attn = torch.empty((rows, self.num_heads * self.head_dim), dtype=self.dtype)
+        act = torch.empty((rows, self.layers[0]["down"].shape[1]), dtype=self.dtype)  # SiLU(gate) * up
         delta: torch.Tensor | None = None
         for i, w in enumerate(self.layers):
             m = self._packed_layers[i]
@@ -234,9 +234,7 @@ class LeanDecoder:
             kernels.rope_attention(qkv, cos, sin, cache[0, i], cache[1, i], bias, attn, self.num_heads,
                                    column, start, self.scaling)
             kernels.add_rms_norm(x, packed_linear(attn, m["o"]), w["post_norm"], h, w["eps"])
-            gate_up = packed_linear(h, m["gate_up"])
-            act = torch.empty((rows, gate_up.shape[1] // 2), dtype=self.dtype)
-            kernels.silu_mul(gate_up, act)
+            kernels.silu_mul(packed_linear(h, m["gate_up"]), act)
             delta = packed_linear(act, m["down"])
         kernels.add_rms_norm(x, delta, self.norm.weight, h, float(self.norm.variance_epsilon))
         return packed_linear(h, self._packed_lm_head).float()
@@ -251,7 +249,7 @@ def native_problem(decoder: LeanDecoder) -> str | None:
     first = decoder.layers[0]
     if first["qkv_bias"] is not None or first["q_norm"] is not None:
         return "the model has q/k/v biases or q/k norms"
-    hidden, inter = decoder._hidden, int(first["down"].shape[1])
+    hidden, inter = int(decoder.embed.shape[1]), int(first["down"].shape[1])
     if decoder.head_dim % 32 or decoder.head_dim > 128 or hidden % 16 or inter % 16:
         return (f"head_dim {decoder.head_dim} (needs a multiple of 32 up to 128), hidden {hidden} and "
                 f"intermediate size {inter} (need multiples of 16)")

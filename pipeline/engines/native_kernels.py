@@ -30,6 +30,7 @@ per process, by its soname), so the `omp_spin_count` settings apply to them too.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import logging
 import os
@@ -48,17 +49,14 @@ logger = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("native") / "lean_kernels.c"
 FLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mfma", "-fopenmp", "-fPIC", "-shared")
 
-
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 _SIGNATURES = {
     "lean_add_rms_norm": [_P, _P, _P, _P, _I, _I, _F, ctypes.c_int],
     "lean_silu_mul": [_P, _P, _I, _I, ctypes.c_int],
     "lean_rope_attention": [_P, _I, _P, _P, _P, _P, _I, _I, _P, _I, _P, _I, _I, _I, _I, _I, _I, _F,
                             ctypes.c_int],
-    "lean_sample": [_P, _I, _I, _P, _P, _P, _P, _P, ctypes.c_int],
+    "lean_sample": [_P, _I, _I, _P, _P, _P, _P, ctypes.c_int],
 }
-# hf_sampling._BLOCK, SAMPLE_BLOCK in the C source
-_SAMPLE_BLOCK = 512
 _loaded: dict[Path, NativeKernels] = {}
 _load_lock = threading.Lock()
 
@@ -84,7 +82,8 @@ def unavailable_reason() -> str | None:
 
 
 class NativeKernels:
-    """The three kernels of `native/lean_kernels.c`, called with bfloat16 tensors."""
+    """The functions of `native/lean_kernels.c`: three decode-step kernels on bfloat16 tensors
+    and the sampler on float32 logits."""
 
     def __init__(self, library: Path) -> None:
         self.path = library
@@ -118,7 +117,6 @@ class NativeKernels:
                    values.data_ptr(), keys.stride(0), keys.stride(1), bias.data_ptr(), bias.stride(0),
                    out.data_ptr(), rows, heads, kv_heads, dim, column, start, scale, torch.get_num_threads())
 
-
     def sample(self, logits: torch.Tensor, temperatures: torch.Tensor,
                draws: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One token per row of float32 `logits` [rows, vocab] and its log-prob, as
@@ -132,15 +130,18 @@ class NativeKernels:
         draws = draws.to(torch.float64).contiguous()
         tokens = torch.empty(rows, dtype=torch.long)
         log_probs = torch.empty(rows, dtype=torch.float32)
-        scratch = torch.empty(rows * -(-vocab // _SAMPLE_BLOCK), dtype=torch.float64)
         self._sample(logits.data_ptr(), rows, vocab, temperatures.data_ptr(), draws.data_ptr(), tokens.data_ptr(),
-                     log_probs.data_ptr(), scratch.data_ptr(), torch.get_num_threads())
+                     log_probs.data_ptr(), torch.get_num_threads())
         return tokens, log_probs
 
 
+@functools.cache
+def _compiler_version(cc: str) -> str:
+    return subprocess.run([cc, "--version"], capture_output=True, text=True, check=False).stdout
+
+
 def _library_path(cache_dir: Path, cc: str) -> Path:
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=False).stdout
-    digest = hashlib.sha256(SOURCE.read_bytes() + repr((FLAGS, version)).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(SOURCE.read_bytes() + repr((FLAGS, _compiler_version(cc))).encode()).hexdigest()[:16]
     return cache_dir / "native" / f"lean_kernels-{digest}.so"
 
 

@@ -312,17 +312,17 @@ static inline double block_mass(const float *x, int64_t lo, int64_t hi, float te
  * CDF with the row's uniform draw u[r] in [0, 1): the entry i with CDF(i - 1) <= u * total <
  * CDF(i), searched over blocks of SAMPLE_BLOCK entries, then inside the block, with float64
  * running sums; never an entry of probability 0. log_prob[r] = log_softmax(logits /
- * temperature)[token]. `block_sums` is scratch of rows * ceil(vocab / SAMPLE_BLOCK) doubles.
+ * temperature)[token].
  */
 void lean_sample(const float *logits, int64_t rows, int64_t vocab, const float *temperature,
-                 const double *u, int64_t *token, float *log_prob, double *block_sums, int threads) {
+                 const double *u, int64_t *token, float *log_prob, int threads) {
     const int64_t blocks = (vocab + SAMPLE_BLOCK - 1) / SAMPLE_BLOCK;
 #pragma omp parallel for num_threads(threads) schedule(static) if (rows >= 4)
     for (int64_t r = 0; r < rows; r++) {
         const float *x = logits + r * vocab;
         const float t = temperature[r] > 0.0f ? temperature[r] : 1.0f;
         const float max = row_max(x, vocab, t);
-        double *sums = block_sums + r * blocks, total = 0.0;
+        double sums[blocks], total = 0.0;
         float e[SAMPLE_BLOCK];
         for (int64_t b = 0; b < blocks; b++) {
             int64_t hi = (b + 1) * SAMPLE_BLOCK < vocab ? (b + 1) * SAMPLE_BLOCK : vocab;
