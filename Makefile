@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.installed
 ARGS   ?=
 PYTEST_ARGS ?=
 
-.PHONY: run test test-fast test-vllm bench-data bench-engine bench-cli bench-trainer bench-learn venv mutation
+.PHONY: run test test-fast test-vllm bench-data bench-engine bench-cli bench-trainer bench-learn bench-distributed venv mutation
 
 venv: $(STAMP)
 
@@ -54,6 +54,10 @@ bench-learn: $(STAMP)
 # ours (trainer=policy_gradient) vs TRL's GRPOTrainer, side by side; builds .venv-trl/ on first use
 bench-trainer: $(STAMP)
 	$(PY) bench/trainer.py $(ARGS)
+
+# the trainer over 2 torch.distributed workers (FSDP2, DDP) against one process: s/step, peak RSS
+bench-distributed: $(STAMP)
+	$(PY) bench/distributed.py $(ARGS)
 
 # Mutation testing (mutmut; slow, not in CI): `make mutation` runs every covered module,
 # `make mutation MODULES="pipeline/data/order.py pipeline/stages/log.py"` some of them.

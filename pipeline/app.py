@@ -14,6 +14,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from pipeline import run_lock
+from pipeline.cluster.devices import process_cpu_idle, visible_gpus
 from pipeline.config import SlimeArgs, to_plain, validate
 from pipeline.logging_setup import RunProgress, configure_console, progress_logger
 from pipeline.malloc import keep_freed_memory
@@ -61,9 +62,12 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     nothing behind; Ctrl-C ends with exit code 130 and the command that resumes the run.
     """
     configure_console()
+    # whether anything in this process computes on the CPU, decided without torch (the process-level
+    # CPU tunings switch off when nothing does)
+    cpu_idle = _cpu_idle(cfg)
     # before pre-flight imports the plugins (and with them torch): libgomp reads its settings once;
     # logged once pre-flight has passed (a refused resume adds nothing to the run's log)
-    openmp_wait = configure_openmp_wait(cfg.get("omp_spin_count"))
+    openmp_wait = configure_openmp_wait(cfg.get("omp_spin_count"), cpu_idle)
     try:
         validate(cfg)
         plain = to_plain(cfg)
@@ -86,7 +90,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     main_thread = threading.current_thread() is threading.main_thread()
     on_interrupt = signal.getsignal(signal.SIGINT) if main_thread else None
     try:
-        with keep_freed_memory(plain["keep_freed_memory"]) as freed_memory:
+        with keep_freed_memory(plain["keep_freed_memory"], cpu_idle) as freed_memory:
             logger.info("%s", freed_memory)
             return _run_locked(plain, run_dir, record, changes)
     except KeyboardInterrupt:
@@ -96,6 +100,16 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         run_lock.release(run_dir)
         if main_thread:
             signal.signal(signal.SIGINT, on_interrupt)
+
+
+def _cpu_idle(cfg: DictConfig) -> str | None:
+    """`devices.process_cpu_idle` for the run's engine and trainer nodes, with the GPUs counted
+    without torch; None (the CPU tunings stay on) when the nodes do not resolve: pre-flight then
+    says why."""
+    try:
+        return process_cpu_idle(cfg.get("engine"), cfg.get("trainer"), visible_gpus())
+    except Exception:  # noqa: BLE001 - an interpolation that fails here fails pre-flight too
+        return None
 
 
 def _run_locked(plain: dict[str, Any], run_dir: str, record: dict[str, Any] | None,

@@ -11,7 +11,7 @@ import os
 import re
 from typing import Any
 
-from pipeline.engines.preflight import trainer_engine_problems
+from pipeline.engines.preflight import engine_device_problems, trainer_engine_problems
 from pipeline.estimators import ESTIMATORS, GROUP_MODES, MEAN_SUBTRACTING
 from pipeline.malloc import keep_freed_memory_problem
 from pipeline.openmp import spin_count_problem
@@ -20,7 +20,7 @@ from pipeline.plugins import (SLOTS, SLOTS_BY_NAME, ConfigError, Needs, check_al
 from pipeline.plugins import target_of as _target
 from pipeline.rewards.preflight import reward_problems
 from pipeline.session import resume_target_problem
-from pipeline.train.preflight import async_problems, async_warnings, trainer_problems
+from pipeline.train.preflight import async_problems, async_warnings, trainer_problems, trainer_warnings
 
 __all__ = ["collect_problems", "collect_warnings"]
 
@@ -69,6 +69,7 @@ def collect_problems(cfg: dict[str, Any]) -> list[str]:
     _cross_group(cfg, out)
     _data_path(cfg, out)
     _advantage(cfg, out)
+    out += engine_device_problems(cfg)
     out += trainer_problems(cfg)
     out += async_problems(cfg)
     _plugins(cfg, out)
@@ -150,6 +151,7 @@ def collect_warnings(cfg: dict[str, Any]) -> list[str]:
     _buffer_never_filled(cfg, out)
     _baseline_eval_replaced(cfg, out)
     out += async_warnings(cfg)
+    out += trainer_warnings(cfg)
     return out
 
 

@@ -24,7 +24,9 @@ suite) gets its process back as it was, except that glibc's adaptive mmap thresh
 it was then. It is left alone where the environment sets one of `ENV_KEYS` (glibc read it at
 start) and where the C library is not glibc (no `mallopt`). It acts on this process only: Ray
 replicas and HTTP servers only generate, and generation faults little (a run without a trainer:
-under 1 s of kernel time in 16 s).
+under 1 s of kernel time in 16 s). Nor does it apply when nothing in the run's own process
+computes on the CPU (the hf engine on CUDA and no trainer computing here:
+`pipeline.cluster.devices.process_cpu_idle`): it switches itself off with one log line.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ import functools
 import os
 from collections.abc import Iterator
 from typing import Any
+
+from pipeline.cluster.devices import process_tuning_note
 
 __all__ = ["ENV_KEYS", "keep_freed_memory", "keep_freed_memory_problem"]
 
@@ -58,11 +62,12 @@ def keep_freed_memory_problem(value: Any) -> str | None:
 
 
 @contextlib.contextmanager
-def keep_freed_memory(enabled: Any) -> Iterator[str]:
+def keep_freed_memory(enabled: Any, cpu_idle: str | None = None) -> Iterator[str]:
     """Apply `keep_freed_memory` to this process while the block runs (module docstring) and put
     glibc's default values back after it; yields what took effect, for the log. A value that is
-    not a bool is left for pre-flight to refuse."""
-    said, applied = _apply(enabled)
+    not a bool is left for pre-flight to refuse. `cpu_idle`: why nothing in this process computes
+    on the CPU (`devices.process_cpu_idle`); the key is then off and nothing is set."""
+    said, applied = _apply(enabled, cpu_idle)
     try:
         yield said
     finally:  # an in-process caller (a notebook, the tests) gets its process back as it was
@@ -70,11 +75,13 @@ def keep_freed_memory(enabled: Any) -> Iterator[str]:
             _restore()
 
 
-def _apply(enabled: Any) -> tuple[str, bool]:
+def _apply(enabled: Any, cpu_idle: str | None) -> tuple[str, bool]:
     """Set the mallopt values when `enabled` and nothing stands in the way; (what took effect,
     whether they were set)."""
     if keep_freed_memory_problem(enabled) is not None:
         return f"keep_freed_memory={enabled!r} not applied (pre-flight checks it)", False
+    if cpu_idle is not None and enabled:
+        return process_tuning_note("keep_freed_memory", cpu_idle), False
     if not enabled:
         return "freed memory goes back to the OS as glibc decides (keep_freed_memory=false)", False
     preset = [f"{key}={os.environ[key]}" for key in ENV_KEYS if key in os.environ]

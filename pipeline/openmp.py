@@ -25,6 +25,10 @@ before the pipeline imports torch (`pipeline.app.run`, before pre-flight loads t
 does nothing when the environment already sets `GOMP_SPINCOUNT` or `OMP_WAIT_POLICY` (the
 environment wins: the test suite runs PASSIVE), or when torch is already loaded in this process.
 Ray replicas get the variable through their runtime env (`pipeline.engines.ray_pool`).
+
+When nothing in the run's own process computes on the CPU (the hf engine on CUDA and no trainer
+computing here: `pipeline.cluster.devices.process_cpu_idle`), the key switches itself off: the
+environment is left as it is (libgomp's defaults) and one line says why.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ import functools
 import os
 import sys
 from typing import Any
+
+from pipeline.cluster.devices import process_tuning_note
 
 __all__ = ["ENV_KEYS", "configure_openmp_wait", "release_thread_workers", "spin_count_problem"]
 
@@ -51,16 +57,19 @@ def spin_count_problem(spin_count: Any) -> str | None:
             f"got {spin_count!r}")
 
 
-def configure_openmp_wait(spin_count: Any) -> str:
+def configure_openmp_wait(spin_count: Any, cpu_idle: str | None = None) -> str:
     """Set how torch's OpenMP threads wait for this process from `omp_spin_count` (0: sleep at
     once, `OMP_WAIT_POLICY=PASSIVE`; n > 0: spin n iterations, `GOMP_SPINCOUNT=n`); returns what
     took effect, for the log. Runs before pre-flight (which imports torch with the plugins), so
     it leaves a value that is not an integer >= 0 alone: pre-flight then refuses it. A sweep's
     jobs run one after another in one process, torch loaded from the second job on: the first
     job's setting holds for all of them (a later job asking for the same is told so; one asking
-    for another, that it comes too late)."""
+    for another, that it comes too late). `cpu_idle`: why nothing in this process computes on the
+    CPU (`devices.process_cpu_idle`); the key is then off and nothing is set."""
     if spin_count_problem(spin_count) is not None:
         return f"omp_spin_count={spin_count!r} not applied (pre-flight checks it)"
+    if cpu_idle is not None:
+        return process_tuning_note("omp_spin_count", cpu_idle)
     preset = {key: os.environ[key] for key in ENV_KEYS if key in os.environ and _APPLIED.get(key) != os.environ[key]}
     if preset:
         given = ", ".join(f"{k}={v}" for k, v in preset.items())

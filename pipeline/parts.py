@@ -151,7 +151,9 @@ def build_parts(plain: dict[str, Any], args: SlimeArgs, allowed: tuple[str, ...]
         runtime.get(slot.name)
     values = runtime.values
     data_source = values["data_source"]
-    closers.extend(x for x in (values.get("rollout"), values.get("eval"), data_source) if x is not None)
+    # the trainer last: its workers may share the Ray runtime the engine joined
+    closers.extend(x for x in (values.get("rollout"), values.get("eval"), data_source, values.get("trainer"))
+                   if x is not None)
     start = plain["start_rollout_id"]
     if plain["resume"]:
         start = _resume(data_source, run_dir)

@@ -34,6 +34,10 @@ prefill with the transformers forward. `dtype` bfloat16 roughly doubles throughp
 on AVX-512 BF16 CPUs and is many times slower on CPUs without bfloat16 kernels; "auto" (the default) picks it only where it
 is fast (`pipeline.precision`). float32 is the exact reference (greedy outputs of both paths
 agree on the bundled eval prompts).
+
+Devices (`device`, `colocate`; `pipeline.engines.hf_device`): on CUDA the model, the decode state
+and every row's generator live on the engine's GPU, `dtype: auto` is bfloat16, the static path
+runs its plain PyTorch step, and `packed_matmuls` / `native_kernels` switch off with a log line.
 """
 
 from __future__ import annotations
@@ -52,18 +56,20 @@ from pipeline.engines import native_kernels
 from pipeline.engines.assets import default_cache_dir, load_tokenizer, resolve_checkpoint
 from pipeline.engines.base import GenerationRequest, GenerationResult
 from pipeline.engines.hf_decode import DecodeBatch, Row, log_probs_alone
+from pipeline.engines.hf_device import cpu_only, engine_device, engine_dtype
 from pipeline.engines.hf_lean import LeanDecoder, native_problem, supports
 from pipeline.engines.hf_static import StaticDecodeBatch
 from pipeline.engines.weight_sync import copy_into_model, versions_per_token
 from pipeline.openmp import release_thread_workers
-from pipeline.precision import AUTO, resolve_dtype
+from pipeline.precision import AUTO
 
 __all__ = ["HFEngine", "DECODE_IMPLS", "DTYPES"]
 
 # "static": pre-allocated KV cache, lean decode step, batched sampling (hf_static); "legacy":
 # the original DynamicCache path (hf_decode.DecodeBatch), kept for comparison and other models
 DECODE_IMPLS = frozenset({"static", "legacy"})
-# "auto": bfloat16 where this CPU has fast bfloat16 kernels, else float32 (pipeline.precision)
+# "auto": on CUDA bfloat16; on the CPU bfloat16 where it has fast bfloat16 kernels, else float32
+# (pipeline.precision)
 DTYPES = frozenset({"float32", "bfloat16", "float16", AUTO})
 
 logger = logging.getLogger(__name__)
@@ -90,13 +96,15 @@ class HFEngine:
         compile_decode: bool = False,
         packed_matmuls: bool = True,
         native_kernels: bool = True,
+        device: str = "cpu",
+        colocate: bool = False,
     ) -> None:
         if decode_impl not in DECODE_IMPLS:
             raise ValueError(f"engine.decode_impl must be one of {sorted(DECODE_IMPLS)}, got {decode_impl!r}")
         if dtype not in DTYPES:
             raise ValueError(f"engine.dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
         for key, value in (("compile_decode", compile_decode), ("packed_matmuls", packed_matmuls),
-                           ("native_kernels", native_kernels)):
+                           ("native_kernels", native_kernels), ("colocate", colocate)):
             if not isinstance(value, bool):
                 raise ValueError(f"engine.{key} must be true or false, got {value!r}")
         self.hf_checkpoint = hf_checkpoint
@@ -104,14 +112,18 @@ class HFEngine:
         self.num_threads = num_threads
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_s
+        # "cpu" or "cuda:<index>" (engine.device, engine.colocate: hf_device.engine_device)
+        self.device = engine_device(device, colocate)
+        self.colocate = colocate
         # the resolved name ("auto" becomes float32 or bfloat16 here)
-        self.dtype = resolve_dtype(dtype)
+        self.dtype = engine_dtype(dtype, self.device)
         self.attn_implementation = attn_implementation
         self.trust_remote_code = trust_remote_code
         self.decode_impl = decode_impl
         self.compile_decode = compile_decode
-        self.packed_matmuls = packed_matmuls
-        self.native_kernels = native_kernels
+        # CPU-only speed-ups: off on CUDA, with one log line each
+        self.packed_matmuls = cpu_only("packed_matmuls", packed_matmuls, self.device)
+        self.native_kernels = cpu_only("native_kernels", native_kernels, self.device)
         self._decoder: LeanDecoder | None = None
         # seeds requests that carry no seed of their own
         self._rng = random.Random(seed)
@@ -151,15 +163,10 @@ class HFEngine:
                 return
             if self._closed:
                 raise RuntimeError("HFEngine is closed")
-            from transformers import AutoModelForCausalLM
-
             torch.set_num_threads(self.num_threads)
             path = resolve_checkpoint(self.hf_checkpoint, self.cache_dir)
             tokenizer = self.tokenizer  # loads it if needed
-            self.model = AutoModelForCausalLM.from_pretrained(
-                path, dtype=getattr(torch, self.dtype), attn_implementation=self.attn_implementation,
-                trust_remote_code=self.trust_remote_code,
-            ).eval()
+            self.model = self._load_model(path)
             self._eos_ids = frozenset(_eos_ids(self.model, tokenizer))
             self._max_positions = int(getattr(self.model.config, "max_position_embeddings", 1 << 30))
             if self.decode_impl == "static":
@@ -173,12 +180,23 @@ class HFEngine:
             release_thread_workers()  # this thread's OpenMP workers (pipeline.openmp): loading is done
             self._thread = threading.Thread(target=self._loop, name="hf-engine-decode", daemon=True)
             self._thread.start()
-            logger.info("hf engine ready: %s, %s, %s decode%s, %d threads, max batch %d", path, self.dtype,
+            logger.info("hf engine ready: %s, %s%s, %s decode%s, %d threads, max batch %d", path, self.dtype,
+                        "" if self.device == "cpu" else f" on {self.device}",
                         "static" if self._decoder else "legacy",
                         " (compiled)" if self._decoder and self._decoder.compiled else
                         " (oneDNN-packed matmuls, native kernels)" if self._decoder and self._decoder.native else
                         " (oneDNN-packed matmuls)" if self._decoder and self._decoder.packed else "",
                         self.num_threads, self.max_batch_size)
+
+    def _load_model(self, path: str) -> Any:
+        """The checkpoint at `path` in `dtype`, in eval mode, on the engine's device."""
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=getattr(torch, self.dtype), attn_implementation=self.attn_implementation,
+            trust_remote_code=self.trust_remote_code,
+        ).eval()
+        return model if self.device == "cpu" else model.to(self.device)
 
     def _attach_native_kernels(self, decoder: LeanDecoder) -> None:
         """`native_kernels`: build or load the fused C kernels and hand them to `decoder`, or
@@ -284,7 +302,7 @@ class HFEngine:
                 f"request {request.request_id}: prompt of {len(ids)} tokens exceeds the model's "
                 f"{self._max_positions} positions"
             )
-        gen = torch.Generator()
+        gen = torch.Generator(device=self.device)  # where the row samples (the model's device)
         gen.manual_seed(sp.seed if sp.seed is not None else self._rng.getrandbits(63))
         return Row(
             request_id=request.request_id, prompt_ids=ids, sampling=sp,
@@ -305,6 +323,8 @@ class HFEngine:
     # -- decode thread ------------------------------------------------------------------------
 
     def _loop(self) -> None:
+        if self.device != "cpu":  # kernels that follow the current device run on the engine's GPU
+            torch.cuda.set_device(self.device)
         pad_id = int(self.tokenizer.pad_token_id)
         batch: DecodeBatch | StaticDecodeBatch
         if self._decoder is not None:

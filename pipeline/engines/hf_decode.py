@@ -14,6 +14,9 @@ request seed), stop token ids and stop strings. The log-prob reported for a toke
 top-k / top-p cut (what SGLang returns and slime stores); greedy rows (temperature 0) report
 `log_softmax(logits)[token]`.
 
+Every tensor is made on the model's device (`model_device`: the CPU, or the engine's GPU), and a
+row's generator lives there too (`torch.multinomial` draws on the device of the probabilities).
+
 Batched float32 matmuls round differently for different batch shapes (size, left padding), so a
 row's logits differ in their last bits with what it shares the batch with. The log-probs of a
 `batch_invariant` request are therefore recomputed when it finishes, by `log_probs_alone`: one
@@ -34,7 +37,7 @@ import torch
 from pipeline.engines.base import FinishReason, SamplingParams
 
 __all__ = ["Row", "DecodeBatch", "sample_next", "log_probs_alone", "prefill", "finish_check",
-           "cache_keyword"]
+           "cache_keyword", "model_device"]
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +50,7 @@ class Row:
     prompt_ids: list[int]
     sampling: SamplingParams
     max_new_tokens: int
+    # on the device the row samples on (the model's)
     generator: torch.Generator
     stop_ids: frozenset[int]
     # called once, from the decode thread, when the row finishes
@@ -63,7 +67,7 @@ class Row:
 
 def sample_next(logits: torch.Tensor, rows: list[Row]) -> tuple[list[int], list[float]]:
     """Sample one token per row from `logits` [B, V] (float32); return tokens and log-probs."""
-    temps = torch.tensor([max(r.sampling.temperature, 0.0) for r in rows], dtype=logits.dtype)
+    temps = torch.tensor([max(r.sampling.temperature, 0.0) for r in rows], dtype=logits.dtype, device=logits.device)
     greedy = temps <= 0.0
     scaled = logits / torch.where(greedy, torch.ones_like(temps), temps).unsqueeze(1)
     logp = torch.log_softmax(scaled, dim=-1)
@@ -77,7 +81,7 @@ def sample_next(logits: torch.Tensor, rows: list[Row]) -> tuple[list[int], list[
             tokens.append(int(torch.argmax(logits[i])))
         else:
             tokens.append(int(torch.multinomial(probs[i], 1, generator=row.generator)))
-    idx = torch.tensor(tokens).unsqueeze(1)
+    idx = torch.tensor(tokens, device=logits.device).unsqueeze(1)
     chosen = logp.gather(1, idx).squeeze(1).tolist()
     return tokens, chosen
 
@@ -86,12 +90,18 @@ def log_probs_alone(model: Any, row: Row) -> list[float]:
     """The log-probs of `row.output_ids` from one forward pass over prompt + output at batch
     size 1 (no padding, no cache), by the formula of `sample_next`."""
     n = len(row.output_ids)
-    ids = torch.tensor([row.prompt_ids + row.output_ids[:-1]], dtype=torch.long)
+    device = model_device(model)
+    ids = torch.tensor([row.prompt_ids + row.output_ids[:-1]], dtype=torch.long, device=device)
     logits = model(input_ids=ids, use_cache=False, logits_to_keep=n).logits[0, -n:, :].float()
     if row.sampling.temperature > 0:
-        logits = logits / torch.tensor(row.sampling.temperature, dtype=logits.dtype)
+        logits = logits / torch.tensor(row.sampling.temperature, dtype=logits.dtype, device=device)
     logp = torch.log_softmax(logits, dim=-1)
-    return logp.gather(1, torch.tensor(row.output_ids).unsqueeze(1)).squeeze(1).tolist()
+    return logp.gather(1, torch.tensor(row.output_ids, device=device).unsqueeze(1)).squeeze(1).tolist()
+
+
+def model_device(model: Any) -> torch.device:
+    """The device of `model`'s weights (where its inputs and the decode state are made)."""
+    return next(model.parameters()).device
 
 
 def _top_k_top_p(probs: torch.Tensor, rows: list[Row], need_cut: list[bool]) -> torch.Tensor:
@@ -125,10 +135,11 @@ def prefill(model: Any, rows: list[Row], pad_id: int, cache_kw: str) -> tuple[An
     from transformers import DynamicCache
 
     width = max(len(r.prompt_ids) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    device = model_device(model)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long, device=device)
+    mask = torch.zeros((len(rows), width), dtype=torch.long, device=device)
     for i, r in enumerate(rows):
-        ids[i, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
+        ids[i, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids, device=device)
         mask[i, width - len(r.prompt_ids):] = 1
     position_ids = (mask.cumsum(1) - 1).clamp(min=0)
     cache = DynamicCache(config=model.config)
@@ -174,6 +185,7 @@ class DecodeBatch:
         self.last: torch.Tensor | None = None  # [B, 1] token to feed next
         self.tokens_generated = 0
         self._cache_kw = cache_keyword(model)
+        self._device = model_device(model)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -191,7 +203,7 @@ class DecodeBatch:
     def _merge(self, new_rows: list[Row], cache: Any, mask: torch.Tensor) -> None:
         if not self.rows:
             self.rows, self.cache, self.mask = list(new_rows), cache, mask
-            self.last = torch.zeros((len(new_rows), 1), dtype=torch.long)
+            self.last = torch.zeros((len(new_rows), 1), dtype=torch.long, device=self._device)
             return
         assert self.mask is not None and self.last is not None
         old_len, new_len = self.mask.shape[1], mask.shape[1]
@@ -202,7 +214,7 @@ class DecodeBatch:
             old_layer.values = torch.cat(
                 [_left_pad(old_layer.values, width), _left_pad(new_layer.values, width)], dim=0)
         self.mask = torch.cat([_left_pad(self.mask, width), _left_pad(mask, width)], dim=0)
-        self.last = torch.cat([self.last, torch.zeros((len(new_rows), 1), dtype=torch.long)])
+        self.last = torch.cat([self.last, torch.zeros((len(new_rows), 1), dtype=torch.long, device=self._device)])
         self.rows.extend(new_rows)
 
     # -- stepping ------------------------------------------------------------------------------
@@ -212,7 +224,7 @@ class DecodeBatch:
         if not self.rows:
             return
         assert self.mask is not None and self.last is not None
-        self.mask = torch.cat([self.mask, torch.ones((len(self.rows), 1), dtype=torch.long)], 1)
+        self.mask = torch.cat([self.mask, torch.ones((len(self.rows), 1), dtype=torch.long, device=self._device)], 1)
         position_ids = (self.mask.sum(1, keepdim=True) - 1)
         out = self.model(
             input_ids=self.last, attention_mask=self.mask, position_ids=position_ids,
@@ -240,7 +252,7 @@ class DecodeBatch:
             self.rows, self.cache, self.mask, self.last = [], None, None, None
             return done
         assert self.mask is not None and self.last is not None
-        index = torch.tensor(keep, dtype=torch.long)
+        index = torch.tensor(keep, dtype=torch.long, device=self._device)
         self.cache.batch_select_indices(index)
         self.mask = self.mask[index]
         self.last = self.last[index]
@@ -263,4 +275,4 @@ def _left_pad(t: torch.Tensor, width: int) -> torch.Tensor:
         return t
     shape = list(t.shape)
     shape[dim] = missing
-    return torch.cat([torch.zeros(shape, dtype=t.dtype), t], dim=dim)
+    return torch.cat([torch.zeros(shape, dtype=t.dtype, device=t.device), t], dim=dim)

@@ -16,7 +16,7 @@ code for all layers (compiling the whole 30-layer step instead took 7+ minutes h
 stay graph inputs, not constants: `refresh()` copies changed model weights into the fused
 tensors in place, and the next step, compiled or not, uses them.
 
-`packed=True` (uncompiled; float32, or bfloat16 where oneDNN has bfloat16 kernels) runs those
+`packed=True` (uncompiled, weights on the CPU; float32, or bfloat16 where oneDNN has bfloat16 kernels) runs those
 matmuls and the output head through oneDNN with the weights reordered once into its blocked
 layout (`torch.ops.mkldnn._linear_pointwise`, what inductor uses for frozen CPU linears) instead
 of `aten::linear`, which re-packs each weight on every call: at decode batch sizes the step reads
@@ -30,6 +30,10 @@ four matmuls in three fused C calls instead of the PyTorch ops of `decode_layer`
 with the RMSNorm, RoPE with the cache write and the attention, SiLU times up (`_native_step`;
 what it rounds differently: `pipeline/engines/native_kernels.py`). `native_problem` says when a
 decoder cannot use them.
+
+The decoder runs where the model's weights are (`device`: the CPU, or a GPU): its RoPE table and
+caches are made there, and a step's inputs must be there too. The packed matmuls and the native
+kernels are CPU-only: a model on a GPU runs the plain PyTorch ops of `decode_layer`.
 
 Supported: decoder-only models with the Llama layer layout (`model.model.layers[i].self_attn.
 {q,k,v,o}_proj`, `mlp.{gate,up,down}_proj`, RMSNorms, SiLU, full attention, optional q/k/v bias
@@ -91,6 +95,8 @@ class LeanDecoder:
         cfg = model.config
         first = inner.layers[0].self_attn
         self.dtype = inner.embed_tokens.weight.dtype
+        # where the weights are: the caches, tables and step inputs are made there too
+        self.device = inner.embed_tokens.weight.device
         self.num_layers = len(inner.layers)
         self.head_dim = int(getattr(first, "head_dim", cfg.hidden_size // cfg.num_attention_heads))
         self.num_heads = cfg.num_attention_heads
@@ -101,7 +107,8 @@ class LeanDecoder:
         self.lm_head = model.lm_head.weight
         self._source_layers = inner.layers
         # oneDNN's blocked copies of the matmul weights (uncompiled only); see module doc
-        self.packed = packed and not compile and packable_dtype(self.dtype) and packed_matmuls_available()
+        self.packed = (packed and not compile and self.device.type == "cpu" and packable_dtype(self.dtype)
+                       and packed_matmuls_available())
         # packed: no fused q/k/v and gate/up copies (the blocked ones replace them; `_pack`)
         self.layers = [self._fuse(layer, matmuls=not self.packed) for layer in inner.layers]
         self._packed_layers: list[dict[str, torch.Tensor]] = []
@@ -110,8 +117,8 @@ class LeanDecoder:
             self._pack()
         positions = int(getattr(cfg, "max_position_embeddings", 8192))
         with torch.inference_mode():
-            probe = torch.zeros(1, dtype=self.dtype)
-            cos, sin = inner.rotary_emb(probe, torch.arange(positions).unsqueeze(0))
+            probe = torch.zeros(1, dtype=self.dtype, device=self.device)
+            cos, sin = inner.rotary_emb(probe, torch.arange(positions, device=self.device).unsqueeze(0))
         self.cos, self.sin = cos[0], sin[0]  # [positions, head_dim], the transformers values
         self.compiled = compile
         # the fused C kernels between the matmuls (bfloat16, packed, Llama layout only)
@@ -184,7 +191,7 @@ class LeanDecoder:
     def new_cache(self, rows: int, columns: int) -> torch.Tensor:
         """An empty key+value cache [2, layers, rows, kv_heads, columns, head_dim]."""
         return torch.zeros((2, self.num_layers, rows, self.num_kv_heads, columns, self.head_dim),
-                           dtype=self.dtype)
+                           dtype=self.dtype, device=self.device)
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, cache: torch.Tensor,
              column: int, start: int, bias: torch.Tensor) -> torch.Tensor:
@@ -224,8 +231,9 @@ class LeanDecoder:
         bias = bias.reshape(rows, -1)
         x = self.embed[tokens]  # [B, hidden], a new tensor: the residual stream, updated in place
         h = torch.empty_like(x)
-        attn = torch.empty((rows, self.num_heads * self.head_dim), dtype=self.dtype)
-        act = torch.empty((rows, self.layers[0]["down"].shape[1]), dtype=self.dtype)  # SiLU(gate) * up
+        attn = torch.empty((rows, self.num_heads * self.head_dim), dtype=self.dtype, device=self.device)
+        # SiLU(gate) * up
+        act = torch.empty((rows, self.layers[0]["down"].shape[1]), dtype=self.dtype, device=self.device)
         delta: torch.Tensor | None = None
         for i, w in enumerate(self.layers):
             m = self._packed_layers[i]
@@ -242,6 +250,8 @@ class LeanDecoder:
 
 def native_problem(decoder: LeanDecoder) -> str | None:
     """None when `decoder` can run its steps on the native kernels, else why not."""
+    if decoder.device.type != "cpu":
+        return f"they are CPU kernels and the model is on {decoder.device}"
     if decoder.dtype != torch.bfloat16:
         return f"they are bfloat16 kernels and the engine runs {str(decoder.dtype).removeprefix('torch.')}"
     if not decoder.packed:

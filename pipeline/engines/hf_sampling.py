@@ -13,6 +13,10 @@ With the native kernels (`native_kernels.NativeKernels.sample`, used by the stat
 decoder runs on them) rows without top-k / top-p are sampled in one C call: the same draws and
 the same two-level search, in two passes over each row's logits.
 
+Every tensor is made on the device of the logits (the CPU, or the engine's GPU), and each row's
+draw comes from its generator on that device: the uniforms are drawn there and gathered into one
+tensor, no per-row transfer (on the CPU the same numbers the per-row `.item()` draws were).
+
 Log-probs follow `pipeline.engines.hf_decode`: `log_softmax(logits / temperature)[token]` before
 the top-k / top-p cut; greedy rows (temperature 0) take the argmax and report
 `log_softmax(logits)[token]`.
@@ -42,6 +46,7 @@ def sample_batch(logits: torch.Tensor, params: Sequence[SamplingParams],
     `NativeKernels.sample` for what is rounded differently).
     """
     vocab = logits.shape[1]
+    device = logits.device
     temps = [max(p.temperature, 0.0) for p in params]
     sampled = [i for i, t in enumerate(temps) if t > 0.0]
     if kernels is not None and not any(0 < params[i].top_k < vocab or params[i].top_p < 1.0 for i in sampled):
@@ -52,21 +57,21 @@ def sample_batch(logits: torch.Tensor, params: Sequence[SamplingParams],
     if all(t in (0.0, 1.0) for t in temps):  # x / 1.0 == x: skip a [B, V] division
         logp = torch.log_softmax(logits, dim=-1)
     else:
-        scale = torch.tensor([t if t > 0.0 else 1.0 for t in temps], dtype=logits.dtype)
+        scale = torch.tensor([t if t > 0.0 else 1.0 for t in temps], dtype=logits.dtype, device=device)
         logp = torch.log_softmax(logits / scale.unsqueeze(1), dim=-1)
-    tokens = torch.zeros(len(temps), dtype=torch.long)
+    tokens = torch.zeros(len(temps), dtype=torch.long, device=device)
     if len(sampled) < len(temps):
-        greedy = torch.tensor([i for i, t in enumerate(temps) if t <= 0.0], dtype=torch.long)
+        greedy = torch.tensor([i for i, t in enumerate(temps) if t <= 0.0], dtype=torch.long, device=device)
         tokens[greedy] = torch.argmax(logits.index_select(0, greedy), dim=-1)
     if sampled:
-        rows = torch.tensor(sampled, dtype=torch.long)
+        rows = torch.tensor(sampled, dtype=torch.long, device=device)
         probs = (logp if len(sampled) == len(temps) else logp.index_select(0, rows)).exp()
         cut = [j for j, i in enumerate(sampled)
                if 0 < params[i].top_k < vocab or params[i].top_p < 1.0]
         if cut:
             probs = _cut(probs, [params[sampled[j]] for j in cut], cut)
-        draws = torch.tensor([torch.rand(1, generator=generators[i], dtype=torch.float64).item()
-                              for i in sampled], dtype=torch.float64)
+        draws = torch.cat([torch.rand(1, generator=generators[i], dtype=torch.float64, device=device)
+                           for i in sampled])
         picked = _inverse_cdf(probs, draws)
         tokens[rows] = picked
     chosen = logp.gather(1, tokens.unsqueeze(1)).squeeze(1).tolist()
@@ -90,13 +95,13 @@ def _inverse_cdf(probs: torch.Tensor, draws: torch.Tensor) -> torch.Tensor:
     target = (draws * outer[:, -1]).unsqueeze(1)
     block = torch.searchsorted(outer, target, right=True)  # [S, 1]
     # rounding can put the target at the very end: take the last block with any mass
-    nonempty = torch.arange(outer.shape[1]) * (sums > 0)
+    nonempty = torch.arange(outer.shape[1], device=probs.device) * (sums > 0)
     block = torch.minimum(block, nonempty.amax(dim=-1, keepdim=True))
     before = torch.where(block > 0, outer.gather(1, (block - 1).clamp_(min=0)), 0.0)
     inner = blocks.gather(1, block.unsqueeze(2).expand(-1, -1, _BLOCK)).squeeze(1)  # [S, BLOCK]
     within = torch.searchsorted(torch.cumsum(inner, dim=-1, dtype=torch.float64),
                                 target - before, right=True)
-    last = (torch.arange(_BLOCK) * (inner > 0)).amax(dim=-1, keepdim=True)
+    last = (torch.arange(_BLOCK, device=probs.device) * (inner > 0)).amax(dim=-1, keepdim=True)
     within = torch.where(within >= _BLOCK, last, within)
     return (block * _BLOCK + within).squeeze(1)
 
@@ -104,13 +109,14 @@ def _inverse_cdf(probs: torch.Tensor, draws: torch.Tensor) -> torch.Tensor:
 def _cut(probs: torch.Tensor, params: list[SamplingParams], which: list[int]) -> torch.Tensor:
     """Zero the probabilities outside the top-k / nucleus of rows `which` of `probs` (one sort
     over those rows; renormalisation is implicit in inverse-CDF sampling)."""
-    index = torch.tensor(which, dtype=torch.long)
+    device = probs.device
+    index = torch.tensor(which, dtype=torch.long, device=device)
     part = probs.index_select(0, index)
     sorted_p, order = torch.sort(part, dim=-1, descending=True)
     vocab = part.shape[1]
-    ks = torch.tensor([p.top_k if 0 < p.top_k < vocab else vocab for p in params])
-    top_ps = torch.tensor([p.top_p for p in params], dtype=part.dtype)
-    rank = torch.arange(vocab).unsqueeze(0)
+    ks = torch.tensor([p.top_k if 0 < p.top_k < vocab else vocab for p in params], device=device)
+    top_ps = torch.tensor([p.top_p for p in params], dtype=part.dtype, device=device)
+    rank = torch.arange(vocab, device=device).unsqueeze(0)
     keep = rank < ks.unsqueeze(1)
     before = sorted_p.cumsum(dim=-1) - sorted_p  # mass strictly above each token
     keep &= (before < top_ps.unsqueeze(1)) | (top_ps.unsqueeze(1) >= 1.0)

@@ -14,6 +14,9 @@
 - Prefill is the transformers forward (as in the legacy path), so a row's prompt cache and its
   first token are computed exactly as before; rows joining together with the same prompt (a
   GRPO group's n samples) share one prefill row, whose cache and logits each of them copies.
+- Every tensor lives on the decoder's device (`LeanDecoder.device`, the model's), except the
+  first-column bookkeeping `_first` (read as Python ints, kept on the CPU so that reading it does
+  not wait for the device).
 - Sampling is one batched call (`hf_sampling.sample_batch`; with the decoder's native kernels,
   one C call).
 """
@@ -48,11 +51,13 @@ class StaticDecodeBatch:
         self.rows: list[Row] = []
         self.tokens_generated = 0
         self._cache_kw = cache_keyword(model)
+        self._device = decoder.device
         self._cache: torch.Tensor | None = None  # [2, layers, rows, kv_heads, columns, dim]
-        self._valid = torch.zeros((0, 0), dtype=torch.bool)  # [rows, columns] real tokens
-        self._first = torch.zeros(0, dtype=torch.long)  # first real column of each row
-        self._pos = torch.zeros(0, dtype=torch.long)  # position of the token fed next
-        self._last = torch.zeros(0, dtype=torch.long)  # token fed next
+        # [rows, columns] real tokens
+        self._valid = torch.zeros((0, 0), dtype=torch.bool, device=self._device)
+        self._first = torch.zeros(0, dtype=torch.long, device="cpu")  # first real column of each row
+        self._pos = torch.zeros(0, dtype=torch.long, device=self._device)  # position of the token fed next
+        self._last = torch.zeros(0, dtype=torch.long, device=self._device)  # token fed next
         self._column = 0  # where the next key/value of every row is written
 
     def __len__(self) -> int:
@@ -73,15 +78,16 @@ class StaticDecodeBatch:
         new_rows = max(rows, 2 * cap_rows) if rows > cap_rows else cap_rows
         new_cols = max(need_cols + _MIN_COLUMNS, 2 * cap_cols) if need_cols > cap_cols else cap_cols
         cache = self.decoder.new_cache(new_rows, new_cols)
-        valid = torch.zeros((new_rows, new_cols), dtype=torch.bool)
+        valid = torch.zeros((new_rows, new_cols), dtype=torch.bool, device=self._device)
         c = self._column
         if self._cache is not None and n:
             cache[:, :, :n, :, :c] = self._cache[:, :, :n, :, :c]
             valid[:n, :c] = self._valid[:n, :c]
         self._cache, self._valid = cache, valid
         for name in ("_first", "_pos", "_last"):
-            grown = torch.zeros(new_rows, dtype=torch.long)
-            grown[:n] = getattr(self, name)[:n]
+            old = getattr(self, name)
+            grown = torch.zeros(new_rows, dtype=torch.long, device=old.device)
+            grown[:n] = old[:n]
             setattr(self, name, grown)
         logger.debug("static KV cache: %d rows x %d columns", new_rows, new_cols)
 
@@ -113,7 +119,7 @@ class StaticDecodeBatch:
         distinct, source = distinct_prompts(new_rows)
         cache, mask, logits = prefill(self.model, distinct, self.pad_id, self._cache_kw)
         shared = len(distinct) < len(new_rows)
-        picks = torch.tensor(source)
+        picks = torch.tensor(source, device=self._device)
         if shared:
             mask, logits = mask[picks], logits[picks]
         width, n, m = mask.shape[1], len(self.rows), len(new_rows)
@@ -130,9 +136,9 @@ class StaticDecodeBatch:
             self._cache[1, i, n:n + m, :, lo:hi] = layer.values[picks] if shared else layer.values
         self._valid[n:n + m] = False
         self._valid[n:n + m, lo:hi] = mask.bool()
-        lengths = torch.tensor([len(r.prompt_ids) for r in new_rows])
+        lengths = torch.tensor([len(r.prompt_ids) for r in new_rows], device="cpu")  # where `_first` is
         self._first[n:n + m] = hi - lengths
-        self._pos[n:n + m] = lengths
+        self._pos[n:n + m] = lengths.to(self._device)
         self.rows.extend(new_rows)
         self._accept(new_rows, logits, offset=n)
 
@@ -149,7 +155,8 @@ class StaticDecodeBatch:
         self._valid[:n, column] = True
         start = int(self._first[:n].min())
         live = self._valid[:n, start: column + 1]
-        bias = torch.zeros(live.shape, dtype=self.decoder.dtype).masked_fill_(~live, float("-inf"))
+        bias = torch.zeros(live.shape, dtype=self.decoder.dtype, device=self._device)
+        bias.masked_fill_(~live, float("-inf"))
         logits = self.decoder.step(self._last[:n], self._pos[:n], self._cache, column, start,
                                    bias.view(n, 1, 1, -1))
         self._column += 1

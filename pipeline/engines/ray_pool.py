@@ -22,6 +22,11 @@ every replica fetches that one object (`HFEngine.update_weights` in place, see `
 hf`); the driver keeps the reference, so a replica (re)started later is constructed with it and
 comes back serving the current version. Replicas still loading get the update queued behind
 their constructor.
+
+Devices (`device`): resolved once Ray is up, against the cluster's GPUs (`auto`: CUDA when Ray
+has any). On CUDA each replica actor asks Ray for one GPU (`num_gpus=1`, `replica_options`) and
+builds its HFEngine with device cuda: Ray shows the actor its one GPU, so it decodes on `cuda:0`.
+On the CPU the actors and their engines are what they always were.
 """
 
 from __future__ import annotations
@@ -30,14 +35,15 @@ import asyncio
 import dataclasses
 import logging
 import os
-import tempfile
 from typing import Any
 
+from pipeline.cluster import ray_runtime
+from pipeline.cluster.devices import DEVICES, DeviceError, resolve_device
 from pipeline.engines.assets import load_tokenizer, resolve_checkpoint
 from pipeline.engines.base import GenerationRequest, GenerationResult, SamplingParams
 from pipeline.rollout.async_loop import run_sync
 
-__all__ = ["RayEngine", "request_to_dict", "request_from_dict", "replica_env"]
+__all__ = ["RayEngine", "request_to_dict", "request_from_dict", "replica_env", "replica_options"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +60,17 @@ def replica_env() -> dict[str, str]:
     the driver's `_REPLICA_ENV_FROM_DRIVER` variables it has."""
     env = {key: os.environ.get(key, value) for key, value in _REPLICA_ENV.items()}
     return env | {key: os.environ[key] for key in _REPLICA_ENV_FROM_DRIVER if key in os.environ}
+
+
+def replica_options(num_cpus: float, resources: dict[str, float], device: str) -> dict[str, Any]:
+    """The Ray actor options of a replica: its CPUs, its custom resources, and on CUDA
+    (`device` "cuda") one GPU of its own."""
+    options: dict[str, Any] = {"num_cpus": num_cpus, "max_restarts": 0, "max_concurrency": 1000}
+    if resources:
+        options["resources"] = resources
+    if device == "cuda":
+        options["num_gpus"] = 1
+    return options
 
 
 def request_to_dict(request: GenerationRequest) -> dict[str, Any]:
@@ -130,6 +147,8 @@ class RayEngine:
 
     # follows a trainer through update_weights (full state dicts, one object-store put)
     weight_sync = "full"
+    # update_weights takes a Ray object ref of the state too (a distributed trainer's gather)
+    takes_object_refs = True
 
     def __init__(
         self,
@@ -146,9 +165,12 @@ class RayEngine:
         max_attempts: int = 4,
         seed: int = 0,
         temp_dir: str | None = None,
+        device: str = "cpu",
     ) -> None:
         if num_replicas < 1:
             raise ValueError(f"engine.num_replicas must be >= 1, got {num_replicas}")
+        if device not in DEVICES:
+            raise ValueError(f"engine.device={device!r}: expected one of {list(DEVICES)}")
         self.hf_checkpoint = hf_checkpoint
         self.cache_dir = cache_dir
         self.num_replicas = num_replicas
@@ -162,9 +184,12 @@ class RayEngine:
         self.max_attempts = max_attempts
         self.seed = seed
         self.temp_dir = temp_dir
+        self.device = device
+        # "cpu" or "cuda", resolved against the Ray cluster's GPUs in start()
+        self._device: str | None = None
         self._slots: list[_Slot] = []
         self._actor_cls: Any = None
-        self._owns_ray = False
+        self._ray_lease: Any = None
         self._abort_epoch = 0
         self._started = False
         self._start_lock: tuple[Any, asyncio.Lock] | None = None
@@ -198,8 +223,17 @@ class RayEngine:
             path = await asyncio.to_thread(resolve_checkpoint, self.hf_checkpoint, self.cache_dir)
             self._engine_kwargs = {"hf_checkpoint": path, "num_threads": self.threads_per_replica,
                                    "max_batch_size": self.max_batch_size}
-            if not ray.is_initialized():
-                self._init_ray(ray)
+            # the run's one Ray runtime, shared with the trainer's workers (pipeline.cluster.ray_runtime)
+            self._ray_lease = ray_runtime.acquire(self.address, self.num_cpus, self.temp_dir, who="engine=ray")
+            # Ray's count of the cluster's GPUs, not this machine's: replicas may run elsewhere
+            gpus = int(ray.cluster_resources().get("GPU", 0))
+            if self.device == "cuda" and gpus == 0:
+                ray_runtime.release(self._ray_lease)
+                self._ray_lease = None
+                raise DeviceError(f"engine.device=cuda, but the Ray cluster ({self.address or 'a local Ray'}) has no "
+                                  f"GPU for the replicas; use engine.device=cpu or engine.device=auto")
+            self._device = resolve_device(self.device, "engine.device", gpus)
+            self._engine_kwargs["device"] = self._device
             self._actor_cls = ray.remote(runtime_env={"env_vars": replica_env()})(_Replica)
             self._slots = [_Slot() for _ in range(self.num_replicas)]
             for i in range(self.num_replicas):
@@ -207,23 +241,11 @@ class RayEngine:
             await asyncio.gather(*(self._await_ready(i) for i in range(self.num_replicas)))
             self._started = True
 
-    def _init_ray(self, ray: Any) -> None:
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-        if self.address:
-            ray.init(address=self.address, logging_level=logging.WARNING)
-            return
-        temp = self.temp_dir or tempfile.mkdtemp(prefix="ray_")
-        ray.init(num_cpus=self.num_cpus, include_dashboard=False, _temp_dir=temp,
-                 logging_level=logging.WARNING, log_to_driver=False)
-        self._owns_ray = True
-
     def _spawn(self, i: int) -> None:
         slot = self._slots[i]
         replica_seed = self.seed * 1000 + i + 100 * slot.restarts
-        options: dict[str, Any] = {"num_cpus": self.num_cpus_per_replica, "max_restarts": 0,
-                                   "max_concurrency": 1000}
-        if self.resources_per_replica:
-            options["resources"] = self.resources_per_replica
+        assert self._device is not None
+        options = replica_options(self.num_cpus_per_replica, self.resources_per_replica, self._device)
         slot.actor = self._actor_cls.options(**options).remote(
             {**self._engine_kwargs, "seed": replica_seed}, self._abort_epoch, self._weights_ref,
             self._weight_version)
@@ -253,8 +275,8 @@ class RayEngine:
                 except Exception:  # noqa: BLE001 - already dead
                     pass
         self._slots = []
-        if self._owns_ray and ray.is_initialized():
-            ray.shutdown()
+        ray_runtime.release(self._ray_lease)
+        self._ray_lease = None
 
     def replicas(self) -> list[Any]:
         """The current actor handles (tests kill them to exercise failover)."""
@@ -346,7 +368,8 @@ class RayEngine:
         return self._weight_version
 
     def update_weights(self, state: Any, version: int) -> None:
-        """Put `state` in the object store once; every replica copies it in place. Blocks until
+        """Put `state` in the object store once (or take it as it is when it is an object ref
+        already: a distributed trainer's gathered weights); every replica copies it in place. Blocks until
         all live replicas serve `version` (a replica that dies meanwhile restarts with it); a
         state the model rejects (unknown name, wrong shape) changes nothing and raises. Call it
         from outside the rollout's event loop (it waits with `ray.get`)."""
@@ -357,7 +380,7 @@ class RayEngine:
                              f"{self._weight_version}, got {version!r}")
         if not self._started:
             run_sync(self.start())
-        ref = ray.put(dict(state))
+        ref = state if isinstance(state, ray.ObjectRef) else ray.put(dict(state))
         before = (self._weights_ref, self._weight_version)
         # first: a replica spawned from now on starts from these weights
         self._weights_ref, self._weight_version = ref, version

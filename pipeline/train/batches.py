@@ -19,7 +19,7 @@ import torch
 
 from pipeline.train.token_log_probs import token_log_probs
 
-__all__ = ["TrainSamples", "micro_batches", "optimizer_steps", "pad_tokens", "per_sample_log_probs",
+__all__ = ["TrainSamples", "micro_batches", "model_device", "optimizer_steps", "pad_tokens", "per_sample_log_probs",
            "response_log_probs"]
 
 
@@ -62,6 +62,15 @@ class TrainSamples:
     def __len__(self) -> int:
         return len(self.tokens)
 
+    def to(self, device: torch.device | str) -> TrainSamples:
+        """The same samples with their tensors on `device` (itself when they are there)."""
+        device = torch.device(device)
+        if device.type == "cpu":
+            return self
+        move = lambda xs: [x.to(device) for x in xs]  # noqa: E731
+        return TrainSamples(move(self.tokens), list(self.response_lengths), move(self.loss_masks), list(self.rewards),
+                            None if self.rollout_log_probs is None else move(self.rollout_log_probs))
+
     @property
     def total_lengths(self) -> list[int]:
         return [int(t.shape[0]) for t in self.tokens]
@@ -97,15 +106,25 @@ def micro_batches(indices: list[int], total_lengths: list[int], micro_batch_size
     return out
 
 
-def pad_tokens(tokens: list[torch.Tensor], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded ids [B, T] and attention mask [B, T]."""
+def pad_tokens(tokens: list[torch.Tensor], pad_id: int = 0,
+               device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ids [B, T] and attention mask [B, T], on `device` (None: the tokens' own)."""
     width = max(int(t.shape[0]) for t in tokens)
-    ids = torch.full((len(tokens), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(tokens), width), dtype=torch.long)
+    device = tokens[0].device if device is None else device
+    ids = torch.full((len(tokens), width), pad_id, dtype=torch.long, device=device)
+    mask = torch.zeros((len(tokens), width), dtype=torch.long, device=device)
     for row, t in enumerate(tokens):
         ids[row, : t.shape[0]] = t
         mask[row, : t.shape[0]] = 1
     return ids, mask
+
+
+def model_device(model: Any) -> torch.device:
+    """The device `model` computes on: its first parameter's (a sharded one's local shard's);
+    the CPU for a model without parameters."""
+    params = getattr(model, "parameters", None)
+    first = next(iter(params()), None) if callable(params) else None
+    return torch.device("cpu") if first is None else first.device
 
 
 def response_log_probs(model: Any, tokens: list[torch.Tensor], response_lengths: list[int],
@@ -113,16 +132,17 @@ def response_log_probs(model: Any, tokens: list[torch.Tensor], response_lengths:
                        entropy_grad: bool = True) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
     """Per sample: log-probs of its response tokens (float32) and optionally the entropy (with a
     gradient only when `entropy_grad`)."""
-    ids, attention = pad_tokens(tokens)
+    device = model_device(model)
+    ids, attention = pad_tokens(tokens, device=device)
     width = ids.shape[1]
     first_logit = min(int(t.shape[0]) - n - 1 for t, n in zip(tokens, response_lengths))
     keep = width - first_logit  # logits of positions first_logit .. width - 1
-    with torch.autocast("cpu", dtype=autocast_dtype, enabled=autocast_dtype is not None):
+    with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
         logits = model(input_ids=ids, attention_mask=attention, logits_to_keep=keep, use_cache=False).logits
     # row r's response starts at column starts[r] of `logits`: only those positions are scored
     # (no aligned copy of the [B, keep, V] logits)
     starts = [int(t.shape[0]) - n - 1 - first_logit for t, n in zip(tokens, response_lengths)]
-    targets = pad_tokens([t[int(t.shape[0]) - n:] for t, n in zip(tokens, response_lengths)])[0]
+    targets = pad_tokens([t[int(t.shape[0]) - n:] for t, n in zip(tokens, response_lengths)], device=device)[0]
     return per_sample_log_probs(logits, targets, response_lengths, temperature, with_entropy, entropy_grad,
                                 starts=starts)
 
@@ -145,7 +165,7 @@ def per_sample_log_probs(logits: torch.Tensor | None, targets: torch.Tensor, res
         parts.append(token_log_probs(first_logits, targets[:, 0], temperature))
     if logits is not None:
         rows, width = logits.shape[:2]
-        positions = torch.cat([torch.arange(max(n - offset, 0)) + start + row * width
+        positions = torch.cat([torch.arange(max(n - offset, 0), device=logits.device) + start + row * width
                                for row, (n, start) in enumerate(zip(response_lengths, starts))])
         wanted = torch.cat([targets[row, offset:n] for row, n in enumerate(response_lengths)])
         parts.append(token_log_probs(logits.reshape(rows * width, logits.shape[-1]), wanted, temperature, positions))

@@ -41,6 +41,7 @@ __all__ = [
     "KL_LOSS_TYPES",
     "LOSS_AGG_MODES",
     "batch_normalizer",
+    "normalizer_part",
     "compute_approx_kl",
     "compute_cispo_loss",
     "compute_gspo_kl",
@@ -181,8 +182,14 @@ def sample_mean_reducer(
     return reduce
 
 
-def batch_normalizer(loss_masks: list[torch.Tensor], loss_agg_mode: str) -> float:
-    """The global batch's divisor for the summed reducer outputs (module docstring)."""
+def normalizer_part(loss_masks: list[torch.Tensor], loss_agg_mode: str) -> float:
+    """These samples' part of the batch normalizer: additive, so a batch split over workers sums
+    its parts (0 for no samples)."""
     if loss_agg_mode == "token-mean":
         return float(sum(max(float(m.sum()), 1.0) for m in loss_masks))
-    return float(max(len(loss_masks), 1))
+    return float(len(loss_masks))
+
+
+def batch_normalizer(loss_masks: list[torch.Tensor], loss_agg_mode: str) -> float:
+    """The global batch's divisor for the summed reducer outputs (module docstring)."""
+    return max(normalizer_part(loss_masks, loss_agg_mode), 1.0)

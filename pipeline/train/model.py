@@ -23,7 +23,7 @@ from pipeline.atomic import atomic_dir
 from pipeline.engines.assets import resolve_checkpoint
 
 __all__ = ["load_policy", "merged_state_dict", "reference_context", "frozen_copy", "is_lora", "save_adapter",
-           "export_hf", "wrap_lora"]
+           "export_hf", "export_state", "wrap_lora"]
 
 logger = logging.getLogger(__name__)
 
@@ -111,17 +111,21 @@ def save_adapter(model: Any, directory: str) -> str:
 def export_hf(model: Any, checkpoint_folder: str | None, directory: str) -> str:
     """Write the policy (LoRA merged) as a plain HF folder that transformers and vLLM load:
     config, model.safetensors and the checkpoint's tokenizer files; atomically."""
-    from transformers import AutoModelForCausalLM
-
     base = model.get_base_model() if is_lora(model) else model
-    state = merged_state_dict(model)
+    return export_state(base.config, merged_state_dict(model), checkpoint_folder, directory)
+
+
+def export_state(config: Any, state: dict[str, torch.Tensor], checkpoint_folder: str | None, directory: str) -> str:
+    """`export_hf` from a state dict under HF names (a distributed trainer's gathered weights)
+    and the model's HF config."""
+    from transformers import AutoModelForCausalLM
 
     with atomic_dir(directory) as tmp:
         # built on the meta device and given the trained tensors (a strict load: every
         # parameter gets one): a model built on the CPU first draws random weights that the state
         # then replaces (3 s for SmolLM2-135M)
         with torch.device("meta"):
-            plain = AutoModelForCausalLM.from_config(base.config)
+            plain = AutoModelForCausalLM.from_config(config)
         plain.load_state_dict(state, assign=True)
         plain.tie_weights()
         plain.save_pretrained(str(tmp), safe_serialization=True)

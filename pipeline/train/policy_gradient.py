@@ -27,15 +27,19 @@ from typing import Any, Callable
 
 import torch
 
+from pipeline.cluster.devices import resolve_device
 from pipeline.config import SlimeArgs
 from pipeline.engines.assets import resolve_checkpoint
 from pipeline.plugins import allowed_targets, load_object
 from pipeline.precision import resolve_bf16
 from pipeline.train import batches, model as policy_model
-from pipeline.train.losses import KL_LOSS_TYPES, LOSS_AGG_MODES, batch_normalizer, sample_mean_reducer
+from pipeline.train.distributed import shards
+from pipeline.train.distributed.shards import load_sharded
+from pipeline.train.losses import KL_LOSS_TYPES, LOSS_AGG_MODES, normalizer_part, sample_mean_reducer
 from pipeline.train.objective import LossHooks, MicroBatch, policy_loss
 from pipeline.train.optim import LrSchedule, make_adamw
-from pipeline.train.shared_prompt import shared_prompt_log_probs
+from pipeline.train.parallel import LocalParallel, Parallel
+from pipeline.train.shared_prompt import response_passes, shared_prompt_log_probs
 from pipeline.train.state import load_state, save_state, seed_rngs
 
 __all__ = ["PolicyGradientTrainer", "HOOK_KEYS"]
@@ -59,13 +63,38 @@ class _Prepared:
     ref_log_probs: list[torch.Tensor] | None
 
 
+def _empty_tokens(device: torch.device) -> torch.Tensor:
+    """The sequence of an empty micro-batch: a prompt token and a response token (id 0)."""
+    return torch.zeros(2, dtype=torch.long, device=device)
+
+
+def _empty_micro_batch(prepared: _Prepared, device: torch.device) -> tuple[MicroBatch, list[torch.Tensor]]:
+    """What a worker runs when its share of a step ran out before a peer's (its model calls
+    are collectives the peers wait for): one sample of loss mask 0 with the optional tensors the
+    real ones have; its loss is multiplied by 0 and its metrics are not counted."""
+    zero = torch.zeros(1, dtype=torch.float32, device=device)
+    batch = MicroBatch(response_lengths=[1], total_lengths=[2], loss_masks=[zero], advantages=[zero],
+                       old_log_probs=[zero], ref_log_probs=None if prepared.ref_log_probs is None else [zero],
+                       rollout_log_probs=None if prepared.samples.rollout_log_probs is None else [zero])
+    return batch, [_empty_tokens(device)]
+
+
 class PolicyGradientTrainer:
     """The in-process trainer (module docstring). Keyword arguments are the YAML keys
-    (conf/trainer/policy_gradient.yaml, which documents each); `model` injects a loaded model."""
+    (conf/trainer/policy_gradient.yaml, which documents each); `model` injects a loaded model;
+    `parallel` is the process group it trains in (one of N workers; default: this process alone)."""
 
-    def __init__(self, *, args: Any = None, model: Any = None, **keys: Any) -> None:
+    def __init__(self, *, args: Any = None, model: Any = None, parallel: Parallel | None = None,
+                 **keys: Any) -> None:
         self.keys = dict(keys)
         k = self.keys
+        if parallel is None and k["num_workers"] != 1:
+            raise ValueError(f"trainer.num_workers={k['num_workers']!r}: this class trains in one process; N workers "
+                             f"are built by _target_: pipeline.train.build.policy_gradient_trainer (the default of "
+                             f"trainer=policy_gradient)")
+        self.parallel = parallel or LocalParallel()
+        # "auto": CUDA when this process sees a GPU (a worker sees the one Ray gave it)
+        self.device = torch.device(resolve_device(k["device"], "trainer.device"))
         # "auto": bf16 autocast only where this CPU has fast bfloat16 kernels (pipeline.precision)
         k["bf16"] = resolve_bf16(k["bf16"])
         if k["kl_loss_type"] not in KL_LOSS_TYPES:
@@ -77,6 +106,7 @@ class PolicyGradientTrainer:
         self._schedule = LrSchedule(k["lr"], k["min_lr"], k["lr_warmup_iters"], k["lr_decay_iters"],
                                     k["lr_decay_style"])
         self._model = model
+        self._model_ready = False
         self._reference: Any = None
         self._optimizer: torch.optim.Optimizer | None = None
         self._args: Any = None
@@ -110,16 +140,25 @@ class PolicyGradientTrainer:
 
     @property
     def model(self) -> Any:
-        """The policy (loaded on first use)."""
-        if self._model is None:
+        """The policy (loaded on first use): on the trainer's device, LoRA-wrapped when
+        lora_rank > 0, sharded or replicated by the process group's strategy. With the KL loss
+        and full fine-tuning a frozen copy of it is taken first (the reference)."""
+        if not self._model_ready:
             k = self.keys
-            self._model = policy_model.load_policy(k["hf_checkpoint"], k["cache_dir"], k["lora_rank"],
-                                                   k["lora_alpha"], k["lora_dropout"], k["lora_target_modules"],
-                                                   k["attn_implementation"])
-        elif self.keys["lora_rank"] > 0 and not policy_model.is_lora(self._model):
-            k = self.keys
-            self._model = policy_model.wrap_lora(self._model, k["lora_rank"], k["lora_alpha"], k["lora_dropout"],
-                                                 k["lora_target_modules"])
+            model = self._model
+            if model is None:
+                model = policy_model.load_policy(k["hf_checkpoint"], k["cache_dir"], k["lora_rank"], k["lora_alpha"],
+                                                 k["lora_dropout"], k["lora_target_modules"],
+                                                 k["attn_implementation"])
+            elif k["lora_rank"] > 0 and not policy_model.is_lora(model):
+                model = policy_model.wrap_lora(model, k["lora_rank"], k["lora_alpha"], k["lora_dropout"],
+                                               k["lora_target_modules"])
+            model = model.to(self.device)
+            if k["use_kl_loss"] and not policy_model.is_lora(model):
+                # the initial policy, before any update or state load
+                self._reference = self.parallel.wrap(policy_model.frozen_copy(model))
+            self._model = self.parallel.wrap(model)
+            self._model_ready = True
         return self._model
 
     @property
@@ -133,39 +172,48 @@ class PolicyGradientTrainer:
     def _autocast(self) -> torch.dtype | None:
         return torch.bfloat16 if self.keys["bf16"] else None
 
+    def _trainable(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
     # -- the update -----------------------------------------------------------------------------
 
-    def train(self, rollout_id: int, train_data: dict[str, Any]) -> dict[str, float]:
-        """One round of updates on `train_data`; returns train/* and perf/* metrics."""
+    def train(self, rollout_id: int, train_data: dict[str, Any],
+              steps: list[list[int]] | None = None) -> dict[str, float]:
+        """One round of updates on `train_data`; returns train/* and perf/* metrics. `steps`: the
+        sample indices of each optimizer step (default: `global_batch_size` consecutive samples
+        each); a worker of N gets its share of every step, possibly none of one."""
         start = time.perf_counter()
         torch.set_num_threads(int(self.keys["num_threads"]))
-        samples = batches.TrainSamples.from_train_data(train_data)
-        if not len(samples):
-            logger.warning("rollout %d: no train samples; the trainer skips this rollout", rollout_id)
-            return {}
+        samples = batches.TrainSamples.from_train_data(train_data).to(self.device)
+        if steps is None:
+            if not len(samples):
+                logger.warning("rollout %d: no train samples; the trainer skips this rollout", rollout_id)
+                return {}
+            steps = batches.optimizer_steps(len(samples), self.keys["global_batch_size"])
         sums: dict[str, float] = {}
-        steps = batches.optimizer_steps(len(samples), self.keys["global_batch_size"])
         prepared = self.prepare(samples, first_step=steps[0])
         lr = self._schedule.at(self.optimizer_step)
         for indices in steps:
             lr = self._schedule.apply(self.optimizer, self.optimizer_step)
             self.optimizer.zero_grad(set_to_none=True)
             metrics = self.accumulate(prepared, indices, backward=True)
-            grad_norm = torch.nn.utils.clip_grad_norm_(
-                [p for p in self.model.parameters() if p.requires_grad], float(self.keys["clip_grad"]))
+            grad_norm = self.parallel.clip_grad_norm(self._trainable(), float(self.keys["clip_grad"]))
             self.optimizer.step()
             self.optimizer_step += 1
-            metrics["grad_norm"] = float(grad_norm)
+            metrics["grad_norm"] = grad_norm
             for key, value in metrics.items():
                 sums[key] = sums.get(key, 0.0) + value
+        sums = self.parallel.combine(sums)
         self.weight_version += 1
         elapsed = time.perf_counter() - start
         out = {f"train/{key}": value / max(len(steps), 1) for key, value in sums.items()}
         out["train/lr"] = lr
         out["perf/train_time"] = elapsed
-        out["perf/train_tokens_per_sec"] = prepared.samples.num_tokens() / elapsed if elapsed > 0 else 0.0
-        logger.info("rollout %d: %d optimizer step(s), loss %.4g, weight version %d", rollout_id, len(steps),
-                    out.get("train/loss", float("nan")), self.weight_version)
+        tokens = self.parallel.total([float(prepared.samples.num_tokens())])[0]
+        out["perf/train_tokens_per_sec"] = tokens / elapsed if elapsed > 0 else 0.0
+        if self.parallel.rank == 0:
+            logger.info("rollout %d: %d optimizer step(s), loss %.4g, weight version %d", rollout_id, len(steps),
+                        out.get("train/loss", float("nan")), self.weight_version)
         return out
 
     def prepare(self, train_data: dict[str, Any] | batches.TrainSamples,
@@ -174,7 +222,7 @@ class PolicyGradientTrainer:
         in `first_step` get no old log-probs (None) when the trainer recomputes them and no hook
         reads them: the first step's training forward gives the same values."""
         samples = (train_data if isinstance(train_data, batches.TrainSamples)
-                   else batches.TrainSamples.from_train_data(train_data))
+                   else batches.TrainSamples.from_train_data(train_data).to(self.device))
         if self.keys["use_rollout_logprobs"]:
             if samples.rollout_log_probs is None:
                 raise ValueError("trainer.use_rollout_logprobs needs rollout_log_probs in the train data")
@@ -186,11 +234,11 @@ class PolicyGradientTrainer:
             old = self._no_grad_log_probs(self.model, samples, [i for i in range(len(samples)) if i not in skip])
         ref = None
         if self.keys["use_kl_loss"]:
-            self._keep_reference()
-            with policy_model.reference_context(self.model, self._reference) as reference:
+            model = self.model  # loaded first: the reference is copied when the policy is
+            with policy_model.reference_context(model, self._reference) as reference:
                 ref = self._no_grad_log_probs(reference, samples)  # type: ignore[assignment]
-        advantages = [torch.full((n,), r, dtype=torch.float32) for r, n in zip(samples.rewards,
-                                                                               samples.response_lengths)]
+        advantages = [torch.full((n,), r, dtype=torch.float32, device=self.device)
+                      for r, n in zip(samples.rewards, samples.response_lengths)]
         hook = self._hooks["custom_advantage_function_path"]
         if hook is not None:
             rollout_data = {"rewards": list(samples.rewards), "loss_masks": samples.loss_masks,
@@ -198,82 +246,115 @@ class PolicyGradientTrainer:
                             "tokens": samples.tokens, "log_probs": old, "ref_log_probs": ref,
                             "rollout_log_probs": samples.rollout_log_probs, "advantages": advantages}
             hook(self.args, rollout_data)
-            advantages = [torch.as_tensor(a, dtype=torch.float32) for a in rollout_data["advantages"]]
+            advantages = [torch.as_tensor(a, dtype=torch.float32, device=self.device)
+                          for a in rollout_data["advantages"]]
         return _Prepared(samples, advantages, old, ref)
-
-    def _keep_reference(self) -> None:
-        """Full fine-tuning with the KL loss: a frozen copy of the initial policy, taken before the
-        first update or state load (LoRA: the base with adapters off needs no copy)."""
-        if self.keys["use_kl_loss"] and self._reference is None and not policy_model.is_lora(self.model):
-            if self.weight_version:
-                raise RuntimeError("the KL reference must be copied before the policy changes")
-            self._reference = policy_model.frozen_copy(self.model)
 
     def _no_grad_log_probs(self, model: Any, samples: batches.TrainSamples,
                            indices: list[int] | None = None) -> list[torch.Tensor | None]:
         """Response log-probs of the samples `indices` (all when None); None for the others."""
         out: list[torch.Tensor | None] = [None] * len(samples)
         with torch.no_grad():
-            for mb in self._micro_batches(samples, list(range(len(samples))) if indices is None else indices):
+            for mb, passes in self._plan(samples, list(range(len(samples))) if indices is None else indices,
+                                         shared=bool(self.keys["share_prompt_forward"])):
+                if mb is None:  # an empty micro-batch: this worker's share ran out before a peer's
+                    self._log_probs(model, [_empty_tokens(self.device)], [1], False, passes)
+                    continue
                 lps, _ = self._log_probs(model, [samples.tokens[i] for i in mb],
-                                         [samples.response_lengths[i] for i in mb], False)
+                                         [samples.response_lengths[i] for i in mb], False, passes)
                 for i, lp in zip(mb, lps):
                     out[i] = lp
         return out
 
     def _log_probs(self, model: Any, tokens: list[torch.Tensor], response_lengths: list[int],
-                   with_entropy: bool) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+                   with_entropy: bool, passes: int = 0) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
         """Response log-probs (and entropies, differentiated only when the loss has an entropy
-        term): one forward per distinct prompt when `share_prompt_forward`, else one per sample;
-        equal up to rounding."""
-        fn = shared_prompt_log_probs if self.keys["share_prompt_forward"] else batches.response_log_probs
-        return fn(model, tokens, response_lengths, self.keys["rollout_temperature"], with_entropy, self._autocast(),
-                  entropy_grad=float(self.keys["entropy_coef"]) != 0.0)
+        term): one forward per distinct prompt when `share_prompt_forward` (with at least
+        `passes` response passes), else one per sample; equal up to rounding."""
+        k = self.keys
+        if k["share_prompt_forward"]:
+            return shared_prompt_log_probs(model, tokens, response_lengths, k["rollout_temperature"], with_entropy,
+                                           self._autocast(), entropy_grad=float(k["entropy_coef"]) != 0.0,
+                                           min_passes=passes)
+        return batches.response_log_probs(model, tokens, response_lengths, k["rollout_temperature"], with_entropy,
+                                          self._autocast(), entropy_grad=float(k["entropy_coef"]) != 0.0)
 
-    def _micro_batches(self, samples: batches.TrainSamples, indices: list[int]) -> list[list[int]]:
+    def _plan(self, samples: batches.TrainSamples, indices: list[int],
+              shared: bool) -> list[tuple[list[int] | None, int]]:
+        """This worker's micro-batches of `indices` and the response passes each runs (`shared`:
+        through the shared-prompt forward; else one model call per micro-batch), padded
+        with empty ones (None) to the most any worker has: every forward of a sharded model is
+        a collective, so all workers make the same number of model calls (pipeline.train.parallel)."""
         k = self.keys
         max_tokens = k["max_tokens_per_gpu"] if k["use_dynamic_batch_size"] else None
-        return batches.micro_batches(indices, samples.total_lengths, k["micro_batch_size"], max_tokens)
+        mbs: list[list[int] | None] = list(batches.micro_batches(indices, samples.total_lengths,
+                                                                 k["micro_batch_size"], max_tokens))
+        if isinstance(self.parallel, LocalParallel):
+            return [(mb, 0) for mb in mbs]
+        count = self.parallel.most([len(mbs)])[0]
+        mbs += [None] * (count - len(mbs))
+        mine = [response_passes([samples.response_lengths[i] for i in mb]) if shared and mb else 0 for mb in mbs]
+        return list(zip(mbs, self.parallel.most(mine) if shared else mine))
 
     def accumulate(self, prepared: _Prepared, indices: list[int], backward: bool) -> dict[str, float]:
-        """Loss and metrics of the samples `indices` (one optimizer step), as batch means;
-        gradients accumulate into the parameters when `backward`."""
+        """Loss and metrics of the samples `indices` (one optimizer step; this worker's share
+        of it), as shares of the whole step's batch means; gradients accumulate into the
+        parameters when `backward`."""
         s = prepared.samples
         mode = self.keys["loss_agg_mode"]
-        normalizer = batch_normalizer([s.loss_masks[i] for i in indices], mode)
+        # the whole step's normaliser: every worker's part of it, summed
+        normalizer = max(self.parallel.total([normalizer_part([s.loss_masks[i] for i in indices], mode)])[0], 1.0)
+        scale = self.parallel.grad_scale / normalizer
         totals: dict[str, float] = {}
-        for mb in self._micro_batches(s, indices):
-            batch = MicroBatch(
-                response_lengths=[s.response_lengths[i] for i in mb], total_lengths=[s.total_lengths[i] for i in mb],
-                loss_masks=[s.loss_masks[i] for i in mb], advantages=[prepared.advantages[i] for i in mb],
-                old_log_probs=[prepared.old_log_probs[i] for i in mb],  # type: ignore[misc]
-                ref_log_probs=None if prepared.ref_log_probs is None else [prepared.ref_log_probs[i] for i in mb],
-                rollout_log_probs=None if s.rollout_log_probs is None else [s.rollout_log_probs[i] for i in mb])
+        # the custom loss reads the logits of one plain forward
+        plan = self._plan(s, indices, shared=bool(self.keys["share_prompt_forward"])
+                          and self.keys["loss_type"] != "custom_loss")
+        for j, (mb, passes) in enumerate(plan):
+            batch, tokens = _empty_micro_batch(prepared, self.device) if mb is None else self._micro_batch(prepared, mb)
             reduce = sample_mean_reducer(batch.response_lengths, batch.loss_masks, mode,
                                          self.keys["loss_agg_norm_len"])
-            tokens = [s.tokens[i] for i in mb]
-            if self.keys["loss_type"] == "custom_loss":
-                loss, metrics = self._custom_loss(batch, tokens, reduce)
-            else:
-                log_probs, entropy = self._log_probs(self.model, tokens, batch.response_lengths, True)
-                # first-step samples: old log-probs = these, detached (prepare)
-                batch.old_log_probs = [lp.detach() if old is None else old
-                                       for lp, old in zip(log_probs, batch.old_log_probs)]
-                hooks = LossHooks(tis=self._hooks["custom_tis_function_path"],
-                                  pg_loss_reducer=self._hooks["custom_pg_loss_reducer_function_path"])
-                loss, metrics = policy_loss(self.args, batch, log_probs, entropy, reduce, hooks)
-            if backward:
-                (loss / normalizer).backward()
+            with self.parallel.micro_batch_sync(last=j == len(plan) - 1):
+                loss, metrics = self.parallel.train_forward(self.model, self._micro_batch_loss, batch, tokens,
+                                                            reduce, passes)
+                if backward:
+                    (loss * (0.0 if mb is None else scale)).backward()
+            if mb is None:
+                continue
             for key, value in metrics.items():
                 totals[key] = totals.get(key, 0.0) + float(value) / normalizer
         return totals
 
-    def _custom_loss(self, batch: MicroBatch, tokens: list[torch.Tensor], reduce: Callable[..., Any]) -> Any:
+    def _micro_batch(self, prepared: _Prepared, mb: list[int]) -> tuple[MicroBatch, list[torch.Tensor]]:
+        s = prepared.samples
+        batch = MicroBatch(
+            response_lengths=[s.response_lengths[i] for i in mb], total_lengths=[s.total_lengths[i] for i in mb],
+            loss_masks=[s.loss_masks[i] for i in mb], advantages=[prepared.advantages[i] for i in mb],
+            old_log_probs=[prepared.old_log_probs[i] for i in mb],  # type: ignore[misc]
+            ref_log_probs=None if prepared.ref_log_probs is None else [prepared.ref_log_probs[i] for i in mb],
+            rollout_log_probs=None if s.rollout_log_probs is None else [s.rollout_log_probs[i] for i in mb])
+        return batch, [s.tokens[i] for i in mb]
+
+    def _micro_batch_loss(self, model: Any, batch: MicroBatch, tokens: list[torch.Tensor],
+                          reduce: Callable[..., Any], passes: int) -> tuple[torch.Tensor, dict[str, Any]]:
+        """(loss, metrics) of one micro-batch as reducer sums, `model` called as the strategy
+        wants it (`Parallel.train_forward`)."""
+        if self.keys["loss_type"] == "custom_loss":
+            return self._custom_loss(model, batch, tokens, reduce)
+        log_probs, entropy = self._log_probs(model, tokens, batch.response_lengths, True, passes)
+        # first-step samples: old log-probs = these, detached (prepare)
+        batch.old_log_probs = [lp.detach() if old is None else old
+                               for lp, old in zip(log_probs, batch.old_log_probs)]
+        hooks = LossHooks(tis=self._hooks["custom_tis_function_path"],
+                          pg_loss_reducer=self._hooks["custom_pg_loss_reducer_function_path"])
+        return policy_loss(self.args, batch, log_probs, entropy, reduce, hooks)
+
+    def _custom_loss(self, model: Any, batch: MicroBatch, tokens: list[torch.Tensor],
+                     reduce: Callable[..., Any]) -> Any:
         """slime's `custom_loss(args, batch, logits, sum_of_sample_mean) -> (loss, metrics)`, with
         logits packed as slime's [1, sum(total_lengths), vocab] float32."""
-        ids, attention = batches.pad_tokens(tokens)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.keys["bf16"]):
-            logits = self.model(input_ids=ids, attention_mask=attention, use_cache=False).logits
+        ids, attention = batches.pad_tokens(tokens, device=self.device)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=bool(self.keys["bf16"])):
+            logits = model(input_ids=ids, attention_mask=attention, use_cache=False).logits
         packed = torch.cat([logits[i, : int(t.shape[0])] for i, t in enumerate(tokens)]).float().unsqueeze(0)
         slime_batch = {
             "unconcat_tokens": tokens, "total_lengths": batch.total_lengths,
@@ -306,8 +387,11 @@ class PolicyGradientTrainer:
 
     def load(self, directory: str) -> None:
         """Restore what `save` wrote."""
-        self._keep_reference()  # the initial policy, not the loaded one
-        counters = load_state(directory, self.model, self.optimizer)
+        _ = self.model  # loaded (and the KL reference copied) before the state replaces the weights
+        if shards.is_sharded_state(directory):  # a distributed run's state (any number of workers)
+            counters = load_sharded(directory, self.model, self.optimizer)
+        else:
+            counters = load_state(directory, self.model, self.optimizer)
         self.weight_version = int(counters["weight_version"])
         self.optimizer_step = int(counters["optimizer_step"])
         logger.info("trainer state loaded from %s (weight version %d)", directory, self.weight_version)

@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from pipeline.train.batches import pad_tokens, per_sample_log_probs
+from pipeline.train.batches import model_device, pad_tokens, per_sample_log_probs
 
-__all__ = ["PASS_OVERHEAD_TOKENS", "group_prompts", "length_chunks", "shared_prompt_log_probs"]
+__all__ = ["PASS_OVERHEAD_TOKENS", "group_prompts", "length_chunks", "response_passes", "shared_prompt_log_probs"]
 
 
 def group_prompts(tokens: list[torch.Tensor], response_lengths: list[int]) -> tuple[list[torch.Tensor], list[int]]:
@@ -61,17 +61,29 @@ def length_chunks(response_lengths: list[int], overhead: int) -> list[list[int]]
     return chunks[::-1]
 
 
+def response_passes(response_lengths: list[int]) -> int:
+    """How many response passes (model calls after the prompt pass) `shared_prompt_log_probs`
+    makes for these samples: one per length chunk whose responses are longer than one token."""
+    return sum(max(response_lengths[i] for i in chunk) > 1
+               for chunk in length_chunks(response_lengths, PASS_OVERHEAD_TOKENS))
+
+
 def shared_prompt_log_probs(model: Any, tokens: list[torch.Tensor], response_lengths: list[int],
                             temperature: float, with_entropy: bool, autocast_dtype: torch.dtype | None = None,
-                            entropy_grad: bool = True) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+                            entropy_grad: bool = True, min_passes: int = 0,
+                            ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
     """Per sample: log-probs of its response tokens (float32) and optionally the entropy of the
     sampling distribution (`logits / temperature`) at each response position (with a gradient
-    only when `entropy_grad`)."""
+    only when `entropy_grad`). With `min_passes` above `response_passes(response_lengths)`, the
+    missing passes run as one-token passes on the first prompt whose logits enter the result
+    times 0: a worker of a sharded model makes as many model calls as its peers (each call is a
+    collective), and every call takes part in the backward pass."""
     from transformers import DynamicCache
 
+    device = model_device(model)
     prompts, group = group_prompts(tokens, response_lengths)
     prompt_lengths = [int(p.shape[0]) for p in prompts]
-    prompt_ids, prompt_mask = pad_tokens(prompts)
+    prompt_ids, prompt_mask = pad_tokens(prompts, device=device)
     last_positions = sorted({n - 1 for n in prompt_lengths})  # logits predicting each first response token
     responses = [t[int(t.shape[0]) - n:] for t, n in zip(tokens, response_lengths)]
     log_probs: dict[int, torch.Tensor] = {}
@@ -79,33 +91,52 @@ def shared_prompt_log_probs(model: Any, tokens: list[torch.Tensor], response_len
     # per response pass: its samples, their lengths, right-padded response ids, the logits of the
     # first response position and those of the others (None when every response is one token)
     passes: list[tuple[list[int], list[int], torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
-    with torch.autocast("cpu", dtype=autocast_dtype, enabled=autocast_dtype is not None):
+    padding: list[torch.Tensor] = []  # the logits of the passes that only keep the call count
+    with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
         prompt_cache = DynamicCache()
         first_logits = model(input_ids=prompt_ids, attention_mask=prompt_mask, cache=prompt_cache,
-                             logits_to_keep=torch.tensor(last_positions)).logits  # [prompts, positions, vocab]
+                             logits_to_keep=torch.tensor(last_positions, device=device)
+                             ).logits  # [prompts, positions, vocab]
         for chunk in length_chunks(response_lengths, PASS_OVERHEAD_TOKENS):
-            rows = torch.tensor([group[i] for i in chunk])
+            rows = torch.tensor([group[i] for i in chunk], device=device)
             lengths = [response_lengths[i] for i in chunk]
             # the logits predicting each sample's first response token
             logits = first_logits[rows, torch.tensor([last_positions.index(prompt_lengths[group[i]] - 1)
-                                                      for i in chunk])]  # [chunk, vocab]
+                                                      for i in chunk], device=device)]  # [chunk, vocab]
             # a response's last token predicts nothing: the pass reads all but the chunk's last column
             width = max(lengths) - 1
-            padded, padded_mask = pad_tokens([responses[i] for i in chunk])
+            padded, padded_mask = pad_tokens([responses[i] for i in chunk], device=device)
             rest = None
             if width > 0:
-                cache = DynamicCache()
-                for layer, kv in enumerate(prompt_cache.layers):
-                    cache.update(kv.keys.index_select(0, rows), kv.values.index_select(0, rows), layer)
-                response_ids, response_mask = padded[:, :width], padded_mask[:, :width]
-                starts = torch.tensor([prompt_lengths[group[i]] for i in chunk])
-                rest = model(input_ids=response_ids, attention_mask=torch.cat([prompt_mask[rows], response_mask], 1),
-                             position_ids=starts.unsqueeze(1) + torch.arange(width),
-                             cache=cache).logits  # [chunk, width, vocab]
+                rest = _response_pass(model, prompt_cache, rows, prompt_mask[rows], padded[:, :width],
+                                      padded_mask[:, :width], [prompt_lengths[group[i]] for i in chunk])
             passes.append((chunk, lengths, padded, logits, rest))
+        for _ in range(min_passes - sum(p[4] is not None for p in passes)):
+            one = torch.zeros((1, 1), dtype=torch.long, device=device)
+            rows = torch.zeros(1, dtype=torch.long, device=device)
+            padding.append(_response_pass(model, prompt_cache, rows, prompt_mask[rows], one, torch.ones_like(one),
+                                          [prompt_lengths[0]]))
     for chunk, lengths, padded, first, rest in passes:  # outside autocast: log-probs in float32
         lps, ents = per_sample_log_probs(rest, padded, lengths, temperature, with_entropy, entropy_grad, first)
         log_probs.update(zip(chunk, lps))
         entropies.update(zip(chunk, ents or ()))
+    if padding:
+        log_probs[0] = log_probs[0] + 0.0 * sum(x.float().sum() for x in padding)
     order = range(len(tokens))
     return [log_probs[i] for i in order], [entropies[i] for i in order] if with_entropy else None
+
+
+def _response_pass(model: Any, prompt_cache: Any, rows: torch.Tensor, prompt_mask: torch.Tensor,
+                   response_ids: torch.Tensor, response_mask: torch.Tensor, starts: list[int]) -> torch.Tensor:
+    """The logits [rows, width, vocab] of `response_ids` on top of the prompt cache's `rows`, at
+    their true positions (prompt length + j)."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    for layer, kv in enumerate(prompt_cache.layers):
+        cache.update(kv.keys.index_select(0, rows), kv.values.index_select(0, rows), layer)
+    width = response_ids.shape[1]
+    first = torch.tensor(starts, device=response_ids.device)
+    return model(input_ids=response_ids, attention_mask=torch.cat([prompt_mask, response_mask], 1),
+                 position_ids=first.unsqueeze(1) + torch.arange(width, device=response_ids.device),
+                 cache=cache).logits

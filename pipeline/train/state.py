@@ -24,7 +24,7 @@ from safetensors.torch import load_file, save_file
 
 from pipeline.atomic import atomic_dir, atomic_write_text
 
-__all__ = ["FORMAT_VERSION", "save_state", "load_state", "seed_rngs"]
+__all__ = ["FORMAT_VERSION", "load_state", "read_state", "restore_rng", "rng_state", "save_state", "seed_rngs"]
 
 FORMAT_VERSION = 1
 
@@ -70,9 +70,10 @@ def save_state(directory: str | os.PathLike[str], model: Any, optimizer: torch.o
                 os.fsync(fh.fileno())
 
 
-def load_state(directory: str | os.PathLike[str], model: Any, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """Load a folder `save_state` wrote into `model` and `optimizer`; restores the RNG states;
-    returns the counters (weight_version, optimizer_step, ...)."""
+def read_state(directory: str | os.PathLike[str]) -> dict[str, Any]:
+    """What `save_state` wrote, as plain parts: "policy" (name -> tensor), "optimizer" (name ->
+    {state key -> tensor}), "param_groups" (hyper-parameters per group), "rng" (`rng_state`'s
+    form), "counters" (weight_version, optimizer_step, ...)."""
     folder = Path(directory)
     meta_path = folder / "trainer_state.json"
     if not meta_path.is_file():
@@ -80,7 +81,24 @@ def load_state(directory: str | os.PathLike[str], model: Any, optimizer: torch.o
     meta = json.loads(meta_path.read_text(encoding="utf-8"))
     if meta.get("format_version") != FORMAT_VERSION:
         raise ValueError(f"{meta_path}: trainer state format {meta.get('format_version')}, expected {FORMAT_VERSION}")
-    policy = load_file(str(folder / "policy.safetensors"))
+    tensors = load_file(str(folder / "optimizer.safetensors"))
+    optimizer: dict[str, dict[str, torch.Tensor]] = {}
+    for key, t in tensors.items():
+        name, _, state_key = key.partition("/")
+        if name != "rng":
+            optimizer.setdefault(name, {})[state_key] = t
+    return {"policy": load_file(str(folder / "policy.safetensors")), "optimizer": optimizer,
+            "param_groups": meta["param_groups"],
+            "rng": {"torch": tensors["rng/torch"].tolist(), **meta["rng"]},
+            "counters": {k: v for k, v in meta.items() if k not in ("param_groups", "rng", "format_version")}}
+
+
+def load_state(directory: str | os.PathLike[str], model: Any, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """Load a folder `save_state` wrote into `model` and `optimizer`; restores the RNG states;
+    returns the counters (weight_version, optimizer_step, ...)."""
+    folder = Path(directory)
+    saved = read_state(folder)
+    policy = saved["policy"]
     params = dict(model.named_parameters())
     missing = [n for n, p in params.items() if p.requires_grad and n not in policy]
     unknown = [n for n in policy if n not in params]
@@ -90,21 +108,36 @@ def load_state(directory: str | os.PathLike[str], model: Any, optimizer: torch.o
     with torch.no_grad():
         for name, tensor in policy.items():
             params[name].copy_(tensor)
-    tensors = load_file(str(folder / "optimizer.safetensors"))
     names = _param_names(model, optimizer)
     opt_params = [p for g in optimizer.param_groups for p in g["params"]]
     optimizer.state.clear()
     for name, p in zip(names, opt_params):
-        state = {key.split("/", 1)[1]: t for key, t in tensors.items() if key.split("/", 1)[0] == name}
-        if state:
-            optimizer.state[p] = state
-    for group, saved in zip(optimizer.param_groups, meta["param_groups"]):
-        group.update({k: tuple(v) if isinstance(v, list) else v for k, v in saved.items()})
-    torch.set_rng_state(tensors["rng/torch"])
-    random.setstate(_tuples(meta["rng"]["python"]))
-    np_rng = meta["rng"]["numpy"]
+        if saved["optimizer"].get(name):
+            optimizer.state[p] = saved["optimizer"][name]
+    for group, groups in zip(optimizer.param_groups, saved["param_groups"]):
+        group.update({k: tuple(v) if isinstance(v, list) else v for k, v in groups.items()})
+    restore_rng(saved["rng"])
+    return saved["counters"]
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's torch (CPU, and CUDA where initialised), Python and numpy RNG states, as JSON-able data."""
+    np_state = np.random.get_state()
+    out: dict[str, Any] = {"torch": torch.get_rng_state().tolist(), "python": _jsonable(random.getstate()),
+                           "numpy": [np_state[0], np_state[1].tolist(), *map(_jsonable, np_state[2:])]}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["cuda"] = torch.cuda.get_rng_state().tolist()
+    return out
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    """Set the RNG states `rng_state` gave (the CUDA one where it has one and CUDA is here)."""
+    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
+    random.setstate(_tuples(state["python"]))
+    np_rng = state["numpy"]
     np.random.set_state((np_rng[0], np.asarray(np_rng[1], dtype=np.uint32), *np_rng[2:]))
-    return {k: v for k, v in meta.items() if k not in ("param_groups", "rng", "format_version")}
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(torch.tensor(state["cuda"], dtype=torch.uint8))
 
 
 def _jsonable(value: Any) -> Any:

@@ -6,7 +6,9 @@
   under `<run_dir>/lora_adapters/v<version>` (the newest LORA_ADAPTERS_KEPT folders are kept:
   the served adapter and the one before it);
 - else an engine with `update_weights(state, version)` (hf, ray, sglang, scripted) gets
-  `trainer.weights_for_engine()` (full HF names, LoRA merged) and `trainer.weight_version`;
+  `trainer.weights_for_engine()` (full HF names, LoRA merged) and `trainer.weight_version`; an
+  engine that `takes_object_refs` (ray) gets a distributed trainer's `weights_ref_for_engine()`,
+  the Ray object rank 0 gathered the weights into;
 - a trainer whose `weights_for_engine()` is None (trainer=function) syncs nothing;
 - any other engine is an error (the pre-flight check refuses such a config before it runs).
 Called after every `train`, and after a resumed trainer's `load` (the engine restarts with the
@@ -54,7 +56,11 @@ def push_weights(trainer: Any, engine: Any, run_dir: str | None) -> dict[str, fl
         update_lora(folder, version)
         prune_numbered_dirs(root, _ADAPTER, LORA_ADAPTERS_KEPT)
     else:
-        state = trainer.weights_for_engine()
+        by_ref = getattr(engine, "takes_object_refs", False) and callable(getattr(trainer, "weights_ref_for_engine",
+                                                                                  None))
+        # a distributed trainer's gathered weights sit in Ray's object store: engine=ray's
+        # replicas read that one object (no copy through this process)
+        state = trainer.weights_ref_for_engine() if by_ref else trainer.weights_for_engine()
         if state is None:
             return {}
         if lora or not callable(update):

@@ -42,7 +42,7 @@ def token_log_probs(logits: torch.Tensor, targets: torch.Tensor, temperature: fl
     positions are skipped without a copy of the rest."""
     if logits.dim() != 2:
         raise ValueError(f"token_log_probs needs logits [R, V], got {tuple(logits.shape)}")
-    rows = torch.arange(logits.shape[0]) if rows is None else rows
+    rows = torch.arange(logits.shape[0], device=logits.device) if rows is None else rows
     if rows.dim() != 1 or targets.shape != rows.shape:
         raise ValueError(f"token_log_probs needs rows [N] and targets [N], got {tuple(rows.shape)} "
                          f"and {tuple(targets.shape)}")
@@ -73,9 +73,9 @@ class _TokenLogProbs(torch.autograd.Function):
     def forward(ctx: Any, logits: torch.Tensor, targets: torch.Tensor, rows: torch.Tensor, temperature: float) -> Any:
         dtype = torch.promote_types(logits.dtype, torch.float32)
         n = rows.shape[0]
-        log_probs = torch.empty(n, dtype=dtype)
-        entropy = torch.empty(n, dtype=dtype)
-        log_norm = torch.empty(n, dtype=dtype)  # per row: logsumexp(z / T)
+        log_probs = torch.empty(n, dtype=dtype, device=logits.device)
+        entropy = torch.empty(n, dtype=dtype, device=logits.device)
+        log_norm = torch.empty(n, dtype=dtype, device=logits.device)  # per row: logsumexp(z / T)
         step = _rows_per_chunk(logits.shape[1])
         for start in range(0, n, step):
             stop = min(start + step, n)

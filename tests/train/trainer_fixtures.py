@@ -1,5 +1,6 @@
 """A tiny random Llama and train data for the trainer tests; the trainer keys come from the YAML."""
 
+import os
 from pathlib import Path
 
 import torch
@@ -13,7 +14,9 @@ def yaml_keys(**overrides):
     keys = OmegaConf.to_container(OmegaConf.load(YAML), resolve=False)
     keys.pop("_target_")
     keys.update(hf_checkpoint=None, cache_dir=None, advantage_estimator="grpo", loss_agg_norm_len=8,
-                rollout_temperature=1.0, num_threads=1, seed=0)
+                rollout_temperature=1.0, num_threads=1, seed=0,
+                # CPU tests; scripts/gpu_check.sh runs some of them on CUDA
+                device=os.environ.get("TRAINER_TEST_DEVICE", "cpu"))
     keys.update(overrides)
     return keys
 

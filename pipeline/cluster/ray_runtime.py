@@ -1,0 +1,85 @@
+"""The one Ray runtime a run shares between its parts (the `ray` engine's replicas, the trainer's
+workers): started or joined by the first part that needs it, shut down when the last one that
+started it lets go.
+
+`acquire(address, num_cpus, temp_dir, who)` joins the cluster at `address` ("auto",
+"ray://host:port", "host:port"), or starts a local Ray with `num_cpus` CPUs (None: all) and
+`num_gpus` GPUs (None: Ray's own count) in a fresh temp dir when `address` is None; a runtime
+already up in this process is shared whatever the arguments, except that asking for another
+address than the one it joined is refused (two clusters in one run cannot be). `release(lease)`
+gives it back: the runtime this module started is shut down with the last lease.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["RayLease", "acquire", "release"]
+
+logger = logging.getLogger(__name__)
+
+_lock = threading.Lock()
+_holders: list["RayLease"] = []
+# what this module did: (address joined or None for a local start, whether it started Ray)
+_state: dict[str, Any] = {"address": None, "started": False}
+
+
+@dataclass(eq=False)
+class RayLease:
+    """One part's hold on the shared runtime."""
+
+    who: str
+    released: bool = False
+
+
+def acquire(address: str | None, num_cpus: int | None = None, temp_dir: str | None = None, *, who: str,
+            num_gpus: int | None = None) -> RayLease:
+    """Join or start Ray for `who` (e.g. "engine=ray", "trainer workers"); see the module docstring."""
+    import ray
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    with _lock:
+        if ray.is_initialized():
+            joined = _state["address"]
+            if address and _state["started"]:
+                raise ValueError(f"{who}: asks for the Ray cluster at {address!r}, but this run started a local Ray "
+                                 f"already for {', '.join(h.who for h in _holders) or 'another part'}; give every "
+                                 f"part the same address (engine.address / trainer.address)")
+            if address and joined and address != joined:
+                raise ValueError(f"{who}: asks for the Ray cluster at {address!r}, but this run joined {joined!r}; "
+                                 f"give every part the same address (engine.address / trainer.address)")
+        elif address:
+            ray.init(address=address, logging_level=logging.WARNING)
+            _state.update(address=address, started=False)
+            logger.info("%s: joined the Ray cluster at %s", who, address)
+        else:
+            temp = temp_dir or tempfile.mkdtemp(prefix="ray_")
+            options: dict[str, Any] = {"num_cpus": num_cpus, "include_dashboard": False, "_temp_dir": temp,
+                                       "logging_level": logging.WARNING, "log_to_driver": False}
+            if num_gpus is not None:
+                options["num_gpus"] = num_gpus
+            ray.init(**options)
+            _state.update(address=None, started=True)
+        lease = RayLease(who)
+        _holders.append(lease)
+        return lease
+
+
+def release(lease: RayLease | None) -> None:
+    """Give `lease` back; the last holder of a runtime this module started shuts it down."""
+    if lease is None or lease.released:
+        return
+    import ray
+
+    with _lock:
+        lease.released = True
+        if lease in _holders:
+            _holders.remove(lease)
+        if not _holders and ray.is_initialized() and (_state["started"] or _state["address"]):
+            ray.shutdown()
+            _state.update(address=None, started=False)

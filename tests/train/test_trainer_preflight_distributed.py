@@ -1,0 +1,226 @@
+"""Pre-flight of where trainer=policy_gradient trains (num_workers, strategy, device, backend,
+Ray placement, GPUs, the global batch's split): `validate` refuses what cannot run and warns of
+CPU workers that would contend for cores; the CUDA branches are pinned by patching the GPU count."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from pipeline.cluster import devices
+from pipeline.config import ConfigError, to_plain_lenient, validate
+from pipeline.train.preflight import trainer_problems, trainer_warnings
+
+pytestmark = pytest.mark.timeout(120)
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+# the hf engine off the GPUs (engine.device=auto would take one of its own): the trainer's GPUs are
+# all of them. ++: engine.device may not be in conf/engine/hf.yaml yet
+CPU_ENGINE = "++engine.device=cpu"
+
+
+def compose_cfg(tmp: Path, *overrides: str) -> Any:
+    """The shipped config with trainer=policy_gradient and `overrides` (default batch: 4 prompts x 4 samples)."""
+    base = [f"paths.output_dir={tmp}/out", f"paths.cache_dir={tmp}/cache", "data_source.apply_chat_template=false",
+            "trainer=policy_gradient"]
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="config", overrides=base + list(overrides))
+
+
+def gpus(monkeypatch: pytest.MonkeyPatch, count: int | None, torch_count: int | None = None) -> None:
+    """This machine's GPUs as pre-flight sees them: `visible_gpus()` answers `count`, torch's count
+    `torch_count` (default: `count`)."""
+    monkeypatch.setattr(devices, "visible_gpus", lambda: count)
+    answer = count if torch_count is None else torch_count
+    monkeypatch.setattr(devices, "cuda_device_count", lambda: answer)
+
+
+def cpus(monkeypatch: pytest.MonkeyPatch, count: int) -> None:
+    monkeypatch.setattr(os, "cpu_count", lambda: count)
+
+
+def config_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "pipeline.config" and r.levelno >= logging.WARNING]
+
+
+def refused(tmp: Path, *overrides: str) -> str:
+    """The message `validate` raises for `overrides` (fails the test when it passes)."""
+    with pytest.raises(ConfigError) as info:
+        validate(compose_cfg(tmp, *overrides))
+    return str(info.value)
+
+
+@pytest.mark.parametrize("machine_gpus", [0, None, 2])
+def test_the_default_single_worker_passes_quietly_without_asking_torch(tmp_path, monkeypatch, caplog, machine_gpus):
+    """num_workers=1, device=auto: no problem, no warning, and no CUDA count asked of torch (nothing
+    the in-process trainer's checks need depends on it), whatever the machine's GPUs."""
+    monkeypatch.setattr(devices, "visible_gpus", lambda: machine_gpus)
+
+    def no_torch() -> int:
+        raise AssertionError("pre-flight asked torch for a CUDA count")
+
+    monkeypatch.setattr(devices, "cuda_device_count", no_torch)
+    cfg = to_plain_lenient(compose_cfg(tmp_path))
+    assert cfg["trainer"]["num_workers"] == 1 and cfg["trainer"]["device"] == "auto"
+    assert trainer_problems(cfg) == [] and trainer_warnings(cfg) == []
+    gpus(monkeypatch, machine_gpus, torch_count=machine_gpus or 0)
+    with caplog.at_level(logging.WARNING):
+        validate(compose_cfg(tmp_path))
+    assert config_warnings(caplog) == []
+
+
+def test_two_cpu_workers_with_a_splittable_batch_pass_quietly(tmp_path, monkeypatch, caplog):
+    gpus(monkeypatch, 0)
+    cpus(monkeypatch, 8)
+    with caplog.at_level(logging.WARNING):
+        validate(compose_cfg(tmp_path, "trainer.num_workers=2"))
+        validate(compose_cfg(tmp_path, "trainer.num_workers=2", "trainer.strategy=ddp", "trainer.backend=gloo",
+                             "trainer.global_batch_size=2", "trainer.fsdp_wrap_modules=[LlamaDecoderLayer]",
+                             "trainer.address=auto", "trainer.placement_strategy=STRICT_SPREAD",
+                             "trainer.num_cpus_per_worker=0.5", "trainer.collective_timeout_s=30"))
+    assert config_warnings(caplog) == []
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["trainer.num_workers=0"], "trainer.num_workers=0: expected an integer >= 1"),
+    (["trainer.num_workers=-2"], "trainer.num_workers=-2: expected an integer >= 1"),
+    (["trainer.num_workers=1.5"], "trainer.num_workers=1.5: expected an integer >= 1"),
+    (["trainer.num_workers=true"], "trainer.num_workers=True: expected an integer >= 1"),
+    (["trainer.num_workers=two"], "trainer.num_workers='two': expected an integer >= 1"),
+    (["trainer.strategy=zero3"], "trainer.strategy='zero3': expected one of ['fsdp2', 'ddp']"),
+    (["trainer.device=tpu"], "trainer.device='tpu': expected one of ['auto', 'cpu', 'cuda']"),
+    (["trainer.backend=mpi"], "trainer.backend='mpi': expected one of ['auto', 'gloo', 'nccl']"),
+    (["trainer.placement_strategy=pack"],
+     "trainer.placement_strategy='pack': expected one of ['PACK', 'SPREAD', 'STRICT_PACK', 'STRICT_SPREAD']"),
+    (["trainer.num_cpus_per_worker=0"], "trainer.num_cpus_per_worker=0: expected a number > 0"),
+    (["trainer.num_cpus_per_worker=true"], "trainer.num_cpus_per_worker=True: expected a number > 0"),
+    (["trainer.collective_timeout_s=-1"], "trainer.collective_timeout_s=-1: expected a number > 0"),
+    (["trainer.collective_timeout_s=soon"], "trainer.collective_timeout_s='soon': expected a number > 0"),
+    (["trainer.address=5"], "trainer.address=5: expected null (the run's Ray, or a local one) or a Ray address"),
+    (["trainer.address=''"], "trainer.address='': expected null"),
+    (["trainer.fsdp_wrap_modules=LlamaDecoderLayer"],
+     "trainer.fsdp_wrap_modules='LlamaDecoderLayer': expected null (the model's own _no_split_modules) or a list "
+     "of module class names"),
+    (["trainer.fsdp_wrap_modules=[LlamaDecoderLayer,'']"], "trainer.fsdp_wrap_modules=['LlamaDecoderLayer', '']"),
+    (["trainer.fsdp_wrap_modules=[1]"], "trainer.fsdp_wrap_modules=[1]: expected null"),
+])
+def test_bad_values_are_refused_naming_the_key(tmp_path, monkeypatch, overrides, message):
+    gpus(monkeypatch, 0)
+    text = refused(tmp_path, *overrides)
+    assert message in text
+    assert text.count("\n  - ") == 1, text  # that one problem, nothing else
+
+
+def test_cuda_without_a_gpu_is_refused_with_resolve_devices_message(tmp_path, monkeypatch):
+    for visible, torch_count in ((0, 0), (None, 0)):  # no driver; a driver node but torch sees none
+        gpus(monkeypatch, visible, torch_count)
+        text = refused(tmp_path, "trainer.device=cuda")
+        assert "trainer.device=cuda, but this machine has no CUDA device torch can use" in text
+        assert "use trainer.device=cpu or trainer.device=auto" in text
+    gpus(monkeypatch, 1)
+    validate(compose_cfg(tmp_path, "trainer.device=cuda", CPU_ENGINE))
+
+
+def test_nccl_on_a_cpu_trainer_is_refused(tmp_path, monkeypatch):
+    gpus(monkeypatch, 0)
+    nccl = "trainer.backend=nccl needs CUDA tensors, but the trainer runs on the CPU; use trainer.backend=gloo"
+    assert nccl in refused(tmp_path, "trainer.device=cpu", "trainer.backend=nccl")
+    assert nccl in refused(tmp_path, "trainer.num_workers=2", "trainer.backend=nccl")  # auto on a CPU-only machine
+    gpus(monkeypatch, 2)
+    assert nccl in refused(tmp_path, "trainer.num_workers=2", "trainer.device=cpu", "trainer.backend=nccl")
+    validate(compose_cfg(tmp_path, "trainer.num_workers=2", "trainer.backend=nccl", CPU_ENGINE))  # auto: CUDA here
+
+
+@pytest.mark.parametrize("device", ["cuda", "auto"])
+def test_more_cuda_workers_than_gpus_are_refused_naming_the_count(tmp_path, monkeypatch, device):
+    gpus(monkeypatch, 2)
+    validate(compose_cfg(tmp_path, f"trainer.device={device}", "trainer.num_workers=2", CPU_ENGINE))
+    text = refused(tmp_path, f"trainer.device={device}", "trainer.num_workers=3", CPU_ENGINE)
+    assert ("trainer.num_workers=3 on CUDA needs one GPU per worker, but this machine has 2 GPU(s): 2 for the "
+            "trainer; set trainer.num_workers=2, trainer.device=cpu or trainer.address=") in text
+    assert "engine" not in text
+
+
+def test_the_hf_engine_on_a_gpu_of_its_own_takes_one_from_the_workers(tmp_path, monkeypatch):
+    """engine.device / engine.colocate: set with ++ (they may not be in conf/engine/hf.yaml yet);
+    checked on the config validate sees, through the trainer's pre-flight function."""
+    gpus(monkeypatch, 2)
+    own = ["trainer.device=cuda", "trainer.num_workers=2", "++engine.device=cuda", "++engine.colocate=false"]
+    [problem] = trainer_problems(to_plain_lenient(compose_cfg(tmp_path, *own)))
+    assert problem.startswith("trainer.num_workers=2 on CUDA needs one GPU per worker, but this machine has 2 GPU(s) "
+                              "and the hf engine keeps one of its own (engine.colocate=false): 1 for the trainer; "
+                              "set trainer.num_workers=1, engine.colocate=true")
+    assert trainer_problems(to_plain_lenient(compose_cfg(tmp_path, *own[:-1], "++engine.colocate=true"))) == []
+    assert trainer_problems(to_plain_lenient(compose_cfg(tmp_path, *own[:2], "++engine.device=cpu"))) == []
+    gpus(monkeypatch, 1)  # one GPU, the engine's: even one in-process CUDA trainer has none left
+    [problem] = trainer_problems(to_plain_lenient(compose_cfg(tmp_path, *own[:1], *own[2:])))
+    assert problem == ("trainer.num_workers=1 on CUDA needs one GPU per worker, but this machine has 1 GPU(s) and the "
+                       "hf engine keeps one of its own (engine.colocate=false): 0 for the trainer; set "
+                       "engine.colocate=true (the engine shares worker 0's GPU), engine.device=cpu or "
+                       "trainer.device=cpu")
+
+
+def test_a_ray_cluster_has_gpus_of_its_own(tmp_path, monkeypatch):
+    """trainer.address (or engine=ray's address) set: the workers' nodes have the GPUs, not this
+    machine; nothing is counted here."""
+    gpus(monkeypatch, 0)
+    validate(compose_cfg(tmp_path, "trainer.device=cuda", "trainer.num_workers=4", "trainer.address=auto"))
+    validate(compose_cfg(tmp_path, "trainer.device=cuda", "trainer.num_workers=4", "engine=ray", "engine.address=auto"))
+    assert "this machine has 0 GPU" not in refused(tmp_path, "trainer.device=cuda", "trainer.num_workers=4",
+                                                   "trainer.backend=mpi")
+    assert "no CUDA device" in refused(tmp_path, "trainer.device=cuda", "trainer.num_workers=4", "engine=ray")
+
+
+def test_a_global_batch_smaller_than_the_workers_is_refused_with_the_sizes(tmp_path, monkeypatch):
+    gpus(monkeypatch, 0)
+    text = refused(tmp_path, "trainer.num_workers=3", "trainer.global_batch_size=2")
+    assert ("trainer.num_workers=3: trainer.global_batch_size=2 samples per optimizer step cannot be split over 3 "
+            "workers (each needs at least one sample); set trainer.global_batch_size >= 3 (or null: the whole "
+            "rollout) or trainer.num_workers <= 2") in text
+    text = refused(tmp_path, "trainer.num_workers=3", "rollout_batch_size=1", "n_samples_per_prompt=2")
+    assert ("trainer.num_workers=3: an optimizer step (trainer.global_batch_size=null: the whole rollout, "
+            "rollout_batch_size=1 x n_samples_per_prompt=2 = 2 samples) cannot be split over 3 workers") in text
+    assert "raise rollout_batch_size or n_samples_per_prompt, or set trainer.num_workers <= 2" in text
+    text = refused(tmp_path, "trainer.num_workers=3", "rollout_batch_size=1", "n_samples_per_prompt=2",
+                   "trainer.global_batch_size=8")
+    assert "trainer.global_batch_size=8 is capped at the whole rollout, rollout_batch_size=1 x" in text
+    cpus(monkeypatch, 8)
+    validate(compose_cfg(tmp_path, "trainer.num_workers=3", "trainer.global_batch_size=3"))
+    validate(compose_cfg(tmp_path, "trainer.num_workers=2", "rollout_batch_size=1", "n_samples_per_prompt=2"))
+    validate(compose_cfg(tmp_path, "trainer.global_batch_size=1"))  # one worker: any step size
+
+
+def test_more_cpu_worker_threads_than_cpus_is_a_warning(tmp_path, monkeypatch, caplog):
+    gpus(monkeypatch, 0)
+    cpus(monkeypatch, 2)
+    with caplog.at_level(logging.WARNING):
+        validate(compose_cfg(tmp_path, "trainer.num_workers=2", "trainer.num_threads=2"))
+    assert config_warnings(caplog) == [
+        "config: trainer.num_workers=2 x trainer.num_threads=2 = 4 torch threads on the CPU, more than this "
+        "machine's 2 CPUs (os.cpu_count()): the workers contend for cores and every step gets slower; set "
+        "trainer.num_threads=1 or fewer workers (trainer.num_workers=1)"]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        validate(compose_cfg(tmp_path, "trainer.num_workers=2", "trainer.num_threads=1"))  # 2 threads: fits
+        validate(compose_cfg(tmp_path, "trainer.num_threads=4"))  # one in-process trainer: no workers
+        validate(compose_cfg(tmp_path, "trainer.num_workers=2", "trainer.num_threads=2", "trainer.address=auto"))
+        validate(compose_cfg(tmp_path, "trainer.strategy=ddp"))  # a strategy with one worker: quiet
+        gpus(monkeypatch, 2)
+        validate(compose_cfg(tmp_path, "trainer.num_workers=2", "trainer.num_threads=2", CPU_ENGINE))  # on CUDA
+    assert config_warnings(caplog) == []
+
+
+def test_where_it_trains_is_checked_for_the_policy_gradient_trainer_only(tmp_path, monkeypatch):
+    gpus(monkeypatch, 0)
+    cfg = to_plain_lenient(compose_cfg(tmp_path, "trainer=function",
+                                       "trainer.train_function_path=pipeline.stages.log.rollout_metrics"))
+    cfg["trainer"].update(num_workers=0, device="cuda", backend="nccl")
+    assert trainer_problems(cfg) == [] and trainer_warnings(cfg) == []
+    assert re.search(r"trainer\.num_workers=0", "\n".join(trainer_problems(
+        to_plain_lenient(compose_cfg(tmp_path, "trainer.num_workers=0")))))
