@@ -41,6 +41,7 @@ from pipeline.cluster import ray_runtime
 from pipeline.cluster.devices import DEVICES, DeviceError, resolve_device
 from pipeline.engines.assets import load_tokenizer, resolve_checkpoint
 from pipeline.engines.base import GenerationRequest, GenerationResult, SamplingParams
+from pipeline.engines.weight_sync import as_tensors
 from pipeline.rollout.async_loop import run_sync
 
 __all__ = ["RayEngine", "request_to_dict", "request_from_dict", "replica_env", "replica_options"]
@@ -123,7 +124,8 @@ class _Replica:
     async def update_weights(self, weights: Any, version: int) -> int:
         # Ray resolved the driver's object ref to the state dict (one fetch per replica)
         if version > self.engine.weight_version:
-            await asyncio.to_thread(self.engine.update_weights, weights, version)
+            # numpy arrays (a distributed trainer's gather, `as_arrays`) become tensors here
+            await asyncio.to_thread(self.engine.update_weights, as_tensors(weights), version)
         return self.engine.weight_version
 
     async def weight_version(self) -> int:

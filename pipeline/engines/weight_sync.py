@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -23,13 +24,37 @@ import torch
 from pipeline.atomic import prune_numbered_dirs
 from pipeline.engines.base import check_update
 
-__all__ = ["copy_into_model", "versions_per_token", "save_hf_folder", "CONFIG_FILES"]
+__all__ = ["as_arrays", "as_tensors", "copy_into_model", "versions_per_token", "save_hf_folder", "CONFIG_FILES"]
 
 logger = logging.getLogger(__name__)
 
 # files copied from the base checkpoint so the folder is a complete HF model folder
 CONFIG_FILES = ("config.json", "generation_config.json")
 _VERSION = re.compile(r"v(\d+)")
+
+
+def as_arrays(state: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+    """`state` for another process through Ray's object store: numpy arrays where the dtype has
+    one (Ray stores those out of band and hands readers zero-copy views; a pickled torch tensor
+    costs a copy each way, seconds for a 135M model), tensors otherwise (bfloat16)."""
+    out: dict[str, Any] = {}
+    for name, t in state.items():
+        t = t.detach()
+        out[name] = t.contiguous().numpy() if t.device.type == "cpu" and t.dtype != torch.bfloat16 else t
+    return out
+
+
+def as_tensors(state: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """The inverse of `as_arrays`: tensors sharing the arrays' memory (read-only views from the
+    object store: fine for `copy_into_model`, which only reads them)."""
+    import numpy as np
+
+    out: dict[str, torch.Tensor] = {}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        for name, value in state.items():
+            out[name] = torch.from_numpy(value) if isinstance(value, np.ndarray) else value
+    return out
 
 
 def copy_into_model(model: Any, state: Mapping[str, torch.Tensor], version: int, at: int) -> int:

@@ -46,6 +46,9 @@ class Parallel:
         """The model the trainer keeps (FSDP2 shards it in place; one process: as it is)."""
         return model
 
+    def reshard(self, model: Any) -> None:
+        """After forward passes without backward: give back gathered parameters (FSDP2)."""
+
     def total(self, values: list[float]) -> list[float]:
         return [float(v) for v in values]
 

@@ -92,6 +92,9 @@ class PolicyGradientTrainer:
             raise ValueError(f"trainer.num_workers={k['num_workers']!r}: this class trains in one process; N workers "
                              f"are built by _target_: pipeline.train.build.policy_gradient_trainer (the default of "
                              f"trainer=policy_gradient)")
+        if parallel is None and k["param_dtype"] != "float32":
+            raise ValueError(f"trainer.param_dtype={k['param_dtype']}: FSDP2's mixed precision needs trainer.num_workers "
+                             f"> 1 and trainer.strategy=fsdp2; in one process use trainer.bf16=true (autocast)")
         self.parallel = parallel or LocalParallel()
         # "auto": CUDA when this process sees a GPU (a worker sees the one Ray gave it)
         self.device = torch.device(resolve_device(k["device"], "trainer.device"))
@@ -264,6 +267,7 @@ class PolicyGradientTrainer:
                                          [samples.response_lengths[i] for i in mb], False, passes)
                 for i, lp in zip(mb, lps):
                     out[i] = lp
+        self.parallel.reshard(model)
         return out
 
     def _log_probs(self, model: Any, tokens: list[torch.Tensor], response_lengths: list[int],

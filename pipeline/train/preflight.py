@@ -23,13 +23,14 @@ _FUNCTION = "pipeline.train.function.FunctionTrainer"
 _CHOICES = {"kl_loss_type": KL_LOSS_TYPES, "loss_agg_mode": LOSS_AGG_MODES, "lr_decay_style": LR_DECAY_STYLES,
             "loss_type": ("policy_loss", "custom_loss")}
 _POSITIVE_INTS = ("micro_batch_size", "num_threads")
-_BOOLEANS = ("share_prompt_forward", "use_dynamic_batch_size", "use_kl_loss", "use_unbiased_kl",
-             "use_rollout_logprobs", "use_tis")
+_BOOLEANS = ("fsdp_reshard_after_forward", "share_prompt_forward", "use_dynamic_batch_size", "use_kl_loss",
+             "use_unbiased_kl", "use_rollout_logprobs", "use_tis")
 _NON_NEGATIVE = ("lr", "min_lr", "weight_decay", "clip_grad", "eps_clip", "entropy_coef", "kl_loss_coef",
                  "tis_clip_low", "lr_warmup_iters", "lora_rank")
 # where it trains (trainer.num_workers > 1: Ray workers in one torch.distributed process group)
 _WHERE_CHOICES = {"strategy": ("fsdp2", "ddp"), "device": devices.DEVICES, "backend": devices.BACKENDS,
-                  "placement_strategy": ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")}
+                  "placement_strategy": ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"),
+                  "param_dtype": ("float32", "bfloat16")}
 _POSITIVE_NUMBERS = ("num_cpus_per_worker", "collective_timeout_s")
 _HF_ENGINE = "pipeline.engines.hf.HFEngine"
 _RAY_ENGINE = "pipeline.engines.ray_pool.RayEngine"
@@ -138,6 +139,10 @@ def _where_key_problems(node: dict[str, Any]) -> list[str]:
     if address is not None and (not isinstance(address, str) or not address.strip()):
         out.append(f"trainer.address={address!r}: expected null (the run's Ray, or a local one) or a Ray "
                    f"address such as auto or ray://host:port")
+    if node.get("param_dtype") == "bfloat16" and (node.get("strategy") != "fsdp2" or workers == 1):
+        out.append(f"trainer.param_dtype=bfloat16 is FSDP2's mixed precision: it needs trainer.num_workers > 1 and "
+                   f"trainer.strategy=fsdp2 (got num_workers={workers!r}, strategy={node.get('strategy')!r}); "
+                   f"elsewhere use trainer.bf16=true (autocast)")
     wrap = node.get("fsdp_wrap_modules")
     if wrap is not None and (not isinstance(wrap, list)
                              or not all(isinstance(x, str) and x.strip() for x in wrap)):

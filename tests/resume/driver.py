@@ -18,6 +18,8 @@ the process exactly there. Points:
   `trainer_state.json` inside the half-written temp folder, the second the complete folder
   `rollout_<id>` itself
 - `export`: the exported policy folder `<run>/policy` is about to be renamed into place
+- `distributed_train`: the driver of N trainer workers (trainer.num_workers > 1) is about to
+  send a rollout's shares to its workers (a harness kills a worker process there)
 
 The patches live only in this test driver; the pipeline has no test hooks.
 """
@@ -53,10 +55,16 @@ def install() -> None:
 
     from pipeline.engines.scripted import ScriptedEngine
     from pipeline.rewards.dispatch import RewardDispatcher
+    from pipeline.train.distributed.driver import DistributedTrainer
     from pipeline.train.policy_gradient import PolicyGradientTrainer
 
     real_generate, real_score, real_replace = ScriptedEngine.generate, RewardDispatcher.score, os.replace
     real_accumulate = PolicyGradientTrainer.accumulate
+    real_distributed_train = DistributedTrainer.train
+
+    def distributed_train(self, rollout_id, train_data):  # type: ignore[no-untyped-def]
+        time.sleep(mark("distributed_train"))
+        return real_distributed_train(self, rollout_id, train_data)
 
     async def generate(self, request):  # type: ignore[no-untyped-def]
         await asyncio.sleep(mark("generate"))
@@ -88,6 +96,7 @@ def install() -> None:
     ScriptedEngine.generate = generate  # type: ignore[method-assign]
     RewardDispatcher.score = score  # type: ignore[method-assign]
     PolicyGradientTrainer.accumulate = accumulate  # type: ignore[method-assign]
+    DistributedTrainer.train = distributed_train  # type: ignore[method-assign]
     os.replace = replace  # type: ignore[assignment]
 
 

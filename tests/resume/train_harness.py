@@ -20,7 +20,13 @@ and that no half-written temp folder (`.rollout_*`, `.policy.*`) is left in the 
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -114,3 +120,42 @@ def compare_training(ref: Path, got: Path, num_rollout: int) -> list[str]:
     if leftovers:
         problems.append(f"half-written folders left behind: {leftovers}")
     return problems
+
+
+_PIDS = re.compile(r"rank (\d+) pid (\d+) on")
+
+
+def kill_worker(args: list[str], run_dir: Path, marks: Path, nth: int, rank: int, pause: float = 4.0,
+                delay: float = 0.0, log_dir: Path | None = None) -> tuple[int, str]:
+    """Start the CLI run (`args`, with trainer.num_workers > 1; `run_dir` its hydra.run.dir,
+    `log_dir` the run dir it writes into: itself, or the run a `resume=` continues), SIGKILL trainer
+    worker `rank` when the driver reaches its `nth` `distributed_train` mark (it pauses there
+    `pause` seconds; with `delay` the kill comes that long after the mark: `pause=0` and a small
+    delay lands it inside the step); returns (the run's exit code, its run.log and stderr). The
+    run must stop by itself within 30 s of the kill."""
+    import harness
+
+    marks.write_text("")
+    err = marks.with_suffix(".stderr")
+    with open(err, "w") as out:
+        proc = subprocess.Popen([sys.executable, str(harness.DRIVER), *args, f"hydra.run.dir={run_dir}"],
+                                cwd=harness.ROOT, env=harness._env(marks, pause), stdout=subprocess.DEVNULL,
+                                stderr=out)
+    deadline = time.monotonic() + 240
+    while f"distributed_train {nth}\n" not in marks.read_text():
+        if proc.poll() is not None:
+            return proc.returncode, err.read_text()  # finished (or failed) before the kill point
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise TimeoutError(f"the run never reached distributed_train {nth}")
+        time.sleep(0.02)
+    time.sleep(delay)
+    log = (log_dir or run_dir) / "run.log"
+    # the newest process's workers: the last line naming each rank
+    pids = {int(r): int(p) for r, p in _PIDS.findall(log.read_text())}
+    os.kill(pids[rank], signal.SIGKILL)
+    started = time.monotonic()
+    code = proc.wait(timeout=120)
+    if time.monotonic() - started > 30 + pause:
+        raise AssertionError(f"the run took {time.monotonic() - started:.0f} s to stop after the worker was killed")
+    return code, log.read_text() + err.read_text()

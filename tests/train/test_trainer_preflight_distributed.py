@@ -224,3 +224,13 @@ def test_where_it_trains_is_checked_for_the_policy_gradient_trainer_only(tmp_pat
     assert trainer_problems(cfg) == [] and trainer_warnings(cfg) == []
     assert re.search(r"trainer\.num_workers=0", "\n".join(trainer_problems(
         to_plain_lenient(compose_cfg(tmp_path, "trainer.num_workers=0")))))
+
+
+def test_param_dtype_bfloat16_needs_fsdp2_workers(tmp_path, monkeypatch):
+    gpus(monkeypatch, 0)
+    assert "trainer.param_dtype=bfloat16 is FSDP2's mixed precision" in refused(tmp_path, "trainer.param_dtype=bfloat16")
+    assert "got num_workers=2, strategy='ddp'" in refused(
+        tmp_path, "trainer.param_dtype=bfloat16", "trainer.num_workers=2", "trainer.strategy=ddp")
+    validate(compose_cfg(tmp_path, "trainer.param_dtype=bfloat16", "trainer.num_workers=2", "rollout_batch_size=2"))
+    assert "trainer.param_dtype='fp8': expected one of ['float32', 'bfloat16']" in refused(
+        tmp_path, "trainer.param_dtype=fp8")

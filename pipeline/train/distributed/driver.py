@@ -34,6 +34,7 @@ from pipeline.atomic import atomic_dir, atomic_write_text
 from pipeline.cluster.devices import HF_ENGINE, cuda_device_count, gpus_for_trainer, resolve_backend, resolve_device
 from pipeline.config import SlimeArgs
 from pipeline.engines.assets import resolve_checkpoint
+from pipeline.engines.weight_sync import as_tensors
 from pipeline.session import command_arg
 from pipeline.train import batches
 from pipeline.train.distributed import split
@@ -93,7 +94,7 @@ class DistributedTrainer:
         if self.group is not None:
             return
         k = self.keys
-        address = k["address"]
+        address = self._address()
         # a local Ray: this machine's GPUs; on a cluster the nodes' GPUs are counted by Ray
         device = resolve_device(k["device"], "trainer.device", gpus=None if address is None else self._cluster_gpus())
         backend = resolve_backend(k["backend"], device)
@@ -119,6 +120,14 @@ class DistributedTrainer:
         """The local HF folder of hf_checkpoint, made once here (the workers load it, not convert it)."""
         ckpt = self.keys["hf_checkpoint"]
         return None if ckpt is None else resolve_checkpoint(ckpt, self.keys["cache_dir"])
+
+    def _address(self) -> str | None:
+        """The Ray cluster the workers join: trainer.address, else engine=ray's (one run, one Ray)."""
+        engine = (self._args or {}).get("engine") or {}
+        if self.keys["address"] is None and isinstance(engine, dict) \
+                and str(engine.get("_target_", "")).endswith("RayEngine"):
+            return engine.get("address")  # optional for the ray engine (its own default is None)
+        return self.keys["address"]
 
     def _check_shardable(self) -> None:
         """Refuse a model FSDP2 cannot shard before any worker starts (the model built on the
@@ -220,7 +229,7 @@ class DistributedTrainer:
         """The whole policy under HF names, LoRA merged (rank 0's gather, through the object store)."""
         import ray
 
-        return ray.get(self.weights_ref_for_engine())
+        return as_tensors(ray.get(self.weights_ref_for_engine()))
 
     def save_lora_adapter(self, directory: str) -> str:
         """The LoRA adapter as a peft folder (rank 0's tensors, written here), atomically."""

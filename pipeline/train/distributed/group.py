@@ -88,8 +88,9 @@ class WorkerGroup:
         port = self.call_one(0, "free_port")
         self.call("init_group", [(self.where[0]["ip"], port, backend, device, timeout_s)] * self.num_workers)
         nodes = sorted({w["ip"] for w in self.where})
-        logger.info("trainer: %d workers (%s, %s) on %d node(s) %s, rendezvous %s:%d", self.num_workers, device,
-                    backend, len(nodes), nodes, self.where[0]["ip"], port)
+        logger.info("trainer: %d workers (%s, %s) on %d node(s), rendezvous %s:%d: %s", self.num_workers, device,
+                    backend, len(nodes), self.where[0]["ip"], port,
+                    ", ".join(f"rank {w['rank']} pid {w['pid']} on {w['ip']}" for w in self.where))
 
     def call_one(self, rank: int, method: str, *args: Any) -> Any:
         """`method(*args)` on one worker."""

@@ -29,11 +29,12 @@ import torch.distributed as dist
 
 from pipeline.train.parallel import NOT_SUMMED, Parallel
 
-__all__ = ["STRATEGIES", "TorchParallel", "wrap_classes"]
+__all__ = ["PARAM_DTYPES", "STRATEGIES", "TorchParallel", "wrap_classes"]
 
 logger = logging.getLogger(__name__)
 
 STRATEGIES = ("fsdp2", "ddp")
+PARAM_DTYPES = ("float32", "bfloat16")
 
 
 class _Apply(torch.nn.Module):
@@ -72,12 +73,20 @@ def wrap_classes(model: Any, wrap_modules: list[str] | None) -> list[str]:
 class TorchParallel(Parallel):
     """`Parallel` over the default torch.distributed process group (already initialised)."""
 
-    def __init__(self, strategy: str, device: torch.device, wrap_modules: list[str] | None = None) -> None:
+    def __init__(self, strategy: str, device: torch.device, wrap_modules: list[str] | None = None,
+                 reshard_after_forward: bool = True, param_dtype: str = "float32") -> None:
         if strategy not in STRATEGIES:
             raise ValueError(f"trainer.strategy must be one of {list(STRATEGIES)}, got {strategy!r}")
         self.strategy = strategy
         self.device = device
         self.wrap_modules = wrap_modules
+        self.reshard_after_forward = bool(reshard_after_forward)
+        if param_dtype not in PARAM_DTYPES:
+            raise ValueError(f"trainer.param_dtype must be one of {list(PARAM_DTYPES)}, got {param_dtype!r}")
+        if param_dtype != "float32" and strategy != "fsdp2":
+            raise ValueError(f"trainer.param_dtype={param_dtype} needs trainer.strategy=fsdp2 (FSDP2's mixed "
+                             f"precision); with {strategy} use trainer.bf16=true (autocast)")
+        self.param_dtype = param_dtype
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         # tensors of the collectives below live where the backend moves them from
@@ -97,13 +106,16 @@ class TorchParallel(Parallel):
     def wrap(self, model: Any) -> Any:
         trainable = any(p.requires_grad for p in model.parameters())
         if self.strategy == "fsdp2":
-            from torch.distributed.fsdp import fully_shard
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
             names = set(wrap_classes(model, self.wrap_modules))
+            options: dict[str, Any] = {"mesh": self.mesh, "reshard_after_forward": self.reshard_after_forward}
+            if self.param_dtype == "bfloat16":
+                options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
             for module in list(model.modules()):
                 if type(module).__name__ in names:
-                    fully_shard(module, mesh=self.mesh)
-            fully_shard(hf_model(model), mesh=self.mesh)
+                    fully_shard(module, **options)
+            fully_shard(hf_model(model), **options)
             return model
         if trainable:
             ids = [self.device.index if self.device.index is not None else torch.cuda.current_device()] \
@@ -112,6 +124,16 @@ class TorchParallel(Parallel):
             self._ddp = torch.nn.parallel.DistributedDataParallel(_Apply(model), device_ids=ids,
                                                                   broadcast_buffers=False)
         return model
+
+    def reshard(self, model: Any) -> None:
+        """FSDP2 without resharding after forward keeps a module's gathered parameters until
+        its backward; a forward without one (old / reference log-probs) lets them go here."""
+        if self.strategy == "fsdp2" and not self.reshard_after_forward:
+            from torch.distributed.fsdp import FSDPModule
+
+            for module in model.modules():
+                if isinstance(module, FSDPModule):
+                    module.reshard()
 
     def total(self, values: list[float]) -> list[float]:
         t = torch.tensor(values, dtype=torch.float64, device=self._comm_device)

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from pipeline.config import SlimeArgs
+from pipeline.engines.weight_sync import as_arrays
 from pipeline.train.distributed import shards
 from pipeline.train.distributed.strategy import TorchParallel
 from pipeline.train.model import is_lora
@@ -76,7 +77,8 @@ class TrainerWorker:
         strategy, wrap = keys["strategy"], keys["fsdp_wrap_modules"]
         device = torch.device("cuda", 0) if keys["device"] == "cuda" else torch.device("cpu")
         self.seed = int(keys["seed"])
-        parallel = TorchParallel(strategy, device, list(wrap) if wrap else None)
+        parallel = TorchParallel(strategy, device, list(wrap) if wrap else None, keys["fsdp_reshard_after_forward"],
+                                 keys["param_dtype"])
         trainer = PolicyGradientTrainer(parallel=parallel, args=None if args is None else SlimeArgs(args), **keys)
         _ = trainer.optimizer  # the model loads, is sharded, and AdamW is built now
         if self.rank:
@@ -104,10 +106,12 @@ class TrainerWorker:
         """Train on this rank's share (`steps`: its positions of each optimizer step)."""
         return self._trainer().train(rollout_id, train_data, steps=steps)
 
-    def weights(self) -> dict[str, torch.Tensor] | None:
-        """The whole policy under HF names (LoRA merged) on rank 0, None elsewhere."""
+    def weights(self) -> dict[str, Any] | None:
+        """The whole policy under HF names (LoRA merged) on rank 0, as numpy arrays for the
+        object store (`as_arrays`); None elsewhere."""
         model = self._trainer().model
-        return shards.full_weights(model, is_lora(model))
+        state = shards.full_weights(model, is_lora(model))
+        return None if state is None else as_arrays(state)
 
     def adapter(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]] | None:
         """The LoRA adapter (tensors, config) on rank 0, None elsewhere."""
