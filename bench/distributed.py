@@ -4,7 +4,9 @@ data (a real `experiment=learn` rollout of SmolLM2-135M-Instruct: 8 prompts x 4 
 
 Cases (each in processes of its own, alternated `--repeat` times):
 - `one`: `trainer.num_workers=1`, `trainer.num_threads=<cores>` (a subprocess of its own);
-- `fsdp2` / `ddp`: `trainer.num_workers=<workers>`, `trainer.num_threads=<cores / workers>`.
+- `fsdp2` / `ddp`: `trainer.num_workers=<workers>`, `trainer.num_threads=<cores / workers>`;
+- `fsdp2-bf16`: fsdp2 with `trainer.param_dtype=bfloat16` (half the bytes of each all-gather)
+  and `trainer.fsdp_reshard_after_forward=false` (one all-gather per micro-batch).
 Reported: seconds per optimizer step (median of the steps after the first), the ratio
 one / distributed (issue 29 expects >= 0.7 with 2 workers x 1 thread on 2 cores: the point is
 scale, not speed on 2 cores), peak RSS of the one process and of each worker, their ratio (target
@@ -31,6 +33,13 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+
+# case -> (strategy, its own overrides)
+CASES: dict[str, tuple[str, list[str]]] = {
+    "fsdp2": ("fsdp2", []), "ddp": ("ddp", []),
+    "fsdp2-bf16": ("fsdp2", ["trainer.param_dtype=bfloat16", "trainer.fsdp_reshard_after_forward=false"]),
+}
 
 
 def rollout_data(out_dir: Path) -> Path:
@@ -122,8 +131,9 @@ def run_case(a: argparse.Namespace, case: str) -> dict[str, Any]:
         cmd += [x for o in a.override for x in ("--override", o)]
         out = subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True, text=True).stdout
         return json.loads(out.strip().splitlines()[-1])
-    cmd = [sys.executable, __file__, "--child-distributed", case, "--data", str(a.data), "--steps", str(a.steps),
-           "--workers", str(a.workers)] + [x for o in a.override for x in ("--override", o)]
+    strategy, extra = CASES[case]
+    cmd = [sys.executable, __file__, "--child-distributed", strategy, "--data", str(a.data), "--steps", str(a.steps),
+           "--workers", str(a.workers)] + [x for o in [*a.override, *extra] for x in ("--override", o)]
     out = subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -155,7 +165,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--repeat", type=int, default=2)
-    p.add_argument("--cases", nargs="+", default=["one", "fsdp2", "ddp"])
+    p.add_argument("--cases", nargs="+", default=["one", "fsdp2", "fsdp2-bf16", "ddp"],
+                   choices=["one", *CASES])
     p.add_argument("--override", action="append", default=[], help="a config override, e.g. trainer.bf16=false")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--data", type=Path, default=None)

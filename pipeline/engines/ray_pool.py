@@ -41,7 +41,6 @@ from pipeline.cluster import ray_runtime
 from pipeline.cluster.devices import DEVICES, DeviceError, resolve_device
 from pipeline.engines.assets import load_tokenizer, resolve_checkpoint
 from pipeline.engines.base import GenerationRequest, GenerationResult, SamplingParams
-from pipeline.engines.weight_sync import as_tensors
 from pipeline.rollout.async_loop import run_sync
 
 __all__ = ["RayEngine", "request_to_dict", "request_from_dict", "replica_env", "replica_options"]
@@ -125,6 +124,8 @@ class _Replica:
         # Ray resolved the driver's object ref to the state dict (one fetch per replica)
         if version > self.engine.weight_version:
             # numpy arrays (a distributed trainer's gather, `as_arrays`) become tensors here
+            from pipeline.engines.weight_sync import as_tensors
+
             await asyncio.to_thread(self.engine.update_weights, as_tensors(weights), version)
         return self.engine.weight_version
 

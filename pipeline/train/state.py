@@ -24,7 +24,7 @@ from safetensors.torch import load_file, save_file
 
 from pipeline.atomic import atomic_dir, atomic_write_text
 
-__all__ = ["FORMAT_VERSION", "load_state", "read_state", "restore_rng", "rng_state", "save_state", "seed_rngs"]
+__all__ = ["FORMAT_VERSION", "load_state", "read_meta", "read_state", "restore_rng", "rng_state", "save_state", "seed_rngs"]
 
 FORMAT_VERSION = 1
 
@@ -70,17 +70,23 @@ def save_state(directory: str | os.PathLike[str], model: Any, optimizer: torch.o
                 os.fsync(fh.fileno())
 
 
+def read_meta(directory: str | os.PathLike[str]) -> dict[str, Any]:
+    """A trainer state folder's `trainer_state.json` (any layout), its format version checked."""
+    meta_path = Path(directory) / "trainer_state.json"
+    if not meta_path.is_file():
+        raise FileNotFoundError(f"{Path(directory)}: no trainer state (trainer_state.json missing)")
+    meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise ValueError(f"{meta_path}: trainer state format {meta.get('format_version')}, expected {FORMAT_VERSION}")
+    return meta
+
+
 def read_state(directory: str | os.PathLike[str]) -> dict[str, Any]:
     """What `save_state` wrote, as plain parts: "policy" (name -> tensor), "optimizer" (name ->
     {state key -> tensor}), "param_groups" (hyper-parameters per group), "rng" (`rng_state`'s
     form), "counters" (weight_version, optimizer_step, ...)."""
     folder = Path(directory)
-    meta_path = folder / "trainer_state.json"
-    if not meta_path.is_file():
-        raise FileNotFoundError(f"{folder}: no trainer state (trainer_state.json missing)")
-    meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"{meta_path}: trainer state format {meta.get('format_version')}, expected {FORMAT_VERSION}")
+    meta = read_meta(folder)
     tensors = load_file(str(folder / "optimizer.safetensors"))
     optimizer: dict[str, dict[str, torch.Tensor]] = {}
     for key, t in tensors.items():

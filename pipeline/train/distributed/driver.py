@@ -41,7 +41,7 @@ from pipeline.train.distributed import split
 from pipeline.train.distributed.group import WorkerGroup
 from pipeline.train.distributed.strategy import STRATEGIES, wrap_classes
 from pipeline.train.model import export_state
-from pipeline.train.state import FORMAT_VERSION
+from pipeline.train.state import FORMAT_VERSION, read_meta
 
 __all__ = ["DistributedTrainer", "SHARDED_LAYOUT"]
 
@@ -233,6 +233,7 @@ class DistributedTrainer:
 
     def save_lora_adapter(self, directory: str) -> str:
         """The LoRA adapter as a peft folder (rank 0's tensors, written here), atomically."""
+        from peft import PeftConfig
         from safetensors.torch import save_file
 
         if not int(self.keys["lora_rank"]) > 0:
@@ -240,7 +241,8 @@ class DistributedTrainer:
         tensors, config = self._group().call("adapter")[0]
         with atomic_dir(directory) as tmp:
             save_file(tensors, str(tmp / "adapter_model.safetensors"), metadata={"format": "pt"})
-            config.save_pretrained(str(tmp))
+            # the worker sends the config as a dict (shards.adapter_weights): peft's object writes it
+            PeftConfig.from_peft_type(**config).save_pretrained(str(tmp))
         return str(directory)
 
     def export_hf(self, directory: str) -> str:
@@ -263,13 +265,7 @@ class DistributedTrainer:
     def load(self, directory: str) -> None:
         """Restore a state `save` wrote with any number of workers, or the one-process trainer's."""
         folder = Path(directory)
-        meta_path = folder / "trainer_state.json"
-        if not meta_path.is_file():
-            raise FileNotFoundError(f"{folder}: no trainer state (trainer_state.json missing)")
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        if meta.get("format_version") != FORMAT_VERSION:
-            raise ValueError(f"{meta_path}: trainer state format {meta.get('format_version')}, expected "
-                             f"{FORMAT_VERSION}")
+        meta = read_meta(folder)
         rngs = meta.get("rng") if meta.get("layout") == SHARDED_LAYOUT else []
         counters = {"weight_version": int(meta["weight_version"]), "optimizer_step": int(meta["optimizer_step"])}
         per_rank = [(str(folder), rngs[r] if r < len(rngs) else None, counters) for r in range(self.num_workers)]

@@ -18,11 +18,14 @@ model: the in-process trainer resumes a distributed run's state with `load_shard
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from pipeline.train.state import read_meta, restore_rng
 
 __all__ = ["adapter_weights", "full_weights", "is_sharded_state", "load_full_state", "load_sharded", "load_shards",
            "merge_lora", "save_shards"]
@@ -109,7 +112,21 @@ def load_shards(model: Any, optimizer: torch.optim.Optimizer, folder: str | Path
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
     state = _state(model, optimizer)
-    dcp.load(state, checkpoint_id=str(folder))
+    with warnings.catch_warnings():
+        # in one process (the one-process trainer resuming a distributed run) DCP says it
+        # assumes as much: that is the intent
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        try:
+            dcp.load(state, checkpoint_id=str(folder))
+        except BaseException as exc:  # DCP's CheckpointException (a BaseException) wraps each rank's error
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
+            causes = [*(str(failure[0]) for failure in getattr(exc, "failures", {}).values()), str(exc)]
+            missing = next((c for c in causes if "Missing key in checkpoint" in c), None)
+            if missing is None:
+                raise
+            raise ValueError(f"{folder}: the saved trainer state does not match the model ({missing.strip()}); "
+                             f"another model or LoRA setting (trainer.lora_rank)?") from None
     # frozen parameters (a LoRA base) are not in the checkpoint: they stay as loaded, hence not
     # strict (dcp.load itself refuses a trainable parameter the checkpoint lacks)
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
@@ -140,11 +157,7 @@ def load_full_state(model: Any, optimizer: torch.optim.Optimizer, saved: dict[st
 def load_sharded(folder: str | Path, model: Any, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """A distributed trainer's folder into one process: the shards (resharded to whole
     tensors), rank 0's random streams; returns the counters (weight_version, optimizer_step)."""
-    import json
-
-    from pipeline.train.state import restore_rng
-
-    meta = json.loads((Path(folder) / "trainer_state.json").read_text(encoding="utf-8"))
+    meta = read_meta(folder)
     load_shards(model, optimizer, folder)
     if meta.get("rng"):
         restore_rng(meta["rng"][0])
