@@ -74,7 +74,7 @@ def max_diff(a: dict, b: dict) -> float:
 
 
 @pytest.mark.parametrize("strategy,lora", [("fsdp2", 0), ("ddp", 0), ("fsdp2", 4), ("ddp", 4)])
-def test_two_workers_make_the_one_process_update(checkpoint, strategy, lora):
+def test_two_workers_make_the_one_process_update(checkpoint, strategy, lora, tmp_path):
     # 5 optimizer steps of 2 samples (each one prompt: split by sample) and one of all 10
     # (split by prompt), the KL term on: every normaliser and every term crosses the workers
     common = dict(lora_rank=lora, use_kl_loss=True, kl_loss_coef=0.1, kl_loss_type="k3", strategy=strategy)
@@ -89,6 +89,15 @@ def test_two_workers_make_the_one_process_update(checkpoint, strategy, lora):
             assert abs(a["train/loss"]) > 1e-3
         assert dist.optimizer_step == local.optimizer_step == 6 and dist.weight_version == 2
         assert max_diff(local.weights_for_engine(), dist.weights_for_engine()) < 1e-5
+        if lora:  # the adapter folder engines load (vLLM's runtime LoRA): peft's files, the same tensors
+            from safetensors.torch import load_file
+
+            folders = [t.save_lora_adapter(str(tmp_path / name)) for t, name in ((local, "one"), (dist, "two"))]
+            one, two = (load_file(f"{f}/adapter_model.safetensors") for f in folders)
+            assert one.keys() == two.keys() and max_diff(one, two) < 1e-5
+            configs = [json.loads((tmp_path / name / "adapter_config.json").read_text()) for name in ("one", "two")]
+            assert configs[0]["r"] == configs[1]["r"] == 4
+            assert sorted(configs[0]["target_modules"]) == sorted(configs[1]["target_modules"])
     finally:
         dist.close()
 
