@@ -48,7 +48,8 @@ def rollout_data(out_dir: Path) -> Path:
     if not (run / "train_data" / "rollout_0.json").exists():
         subprocess.run([sys.executable, "run.py", "experiment=learn", "trainer=none", "num_rollout=1",
                         "eval_before_train=false", "eval_interval=null", "logger=jsonl", "rollout.progress=false",
-                        "dynamic_filter=none", f"hydra.run.dir={run}"], check=True, cwd=ROOT)
+                        "dynamic_filter=none", f"hydra.run.dir={run}"], check=True, cwd=ROOT,
+                       stdout=subprocess.DEVNULL)
     return run / "train_data" / "rollout_0"
 
 
