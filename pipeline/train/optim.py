@@ -38,10 +38,10 @@ class LrSchedule:
             return self.lr * step / self.warmup
         if self.style == "constant" or self.decay_iters is None:
             return self.lr
-        span = self.decay_iters - self.warmup
-        if span <= 0 or step >= self.decay_iters:
+        if step >= self.decay_iters:
             return self.min_lr
-        progress = (step - self.warmup) / span
+        # warmup <= step < decay_iters here, so the decay span is at least one step
+        progress = (step - self.warmup) / (self.decay_iters - self.warmup)
         if self.style == "linear":
             factor = 1.0 - progress
         else:

@@ -90,7 +90,7 @@ def read_state(directory: str | os.PathLike[str]) -> dict[str, Any]:
     tensors = load_file(str(folder / "optimizer.safetensors"))
     optimizer: dict[str, dict[str, torch.Tensor]] = {}
     for key, t in tensors.items():
-        name, _, state_key = key.partition("/")
+        name, _, state_key = key.rpartition("/")  # a parameter name may hold a "/"; a state key does not
         if name != "rng":
             optimizer.setdefault(name, {})[state_key] = t
     return {"policy": load_file(str(folder / "policy.safetensors")), "optimizer": optimizer,

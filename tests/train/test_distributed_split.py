@@ -28,6 +28,14 @@ def test_groups_stay_together_when_there_are_enough_prompts():
     assert loads == [14, 12] or loads == [12, 14]
 
 
+def test_prompt_keys_are_the_tokens_before_the_response_and_refuse_lists_of_different_lengths():
+    assert prompt_keys([[1, 2, 3], [4, 5, 6, 7]], [1, 3]) == [(1, 2), (4,)]
+    with pytest.raises(ValueError):  # a sample without a response length is an error, not dropped
+        prompt_keys([[1, 2, 3], [4, 5, 6, 7]], [1])
+    with pytest.raises(ValueError):
+        prompt_keys([[1, 2, 3]], [1, 1])
+
+
 def test_fewer_prompts_than_workers_split_by_sample_and_largest_first():
     lengths_total = [10, 2, 7, 3]
     parts = balance([0, 1, 2, 3], lengths_total, [(1,)] * 4, 3)

@@ -145,10 +145,9 @@ def load_full_state(model: Any, optimizer: torch.optim.Optimizer, saved: dict[st
     if missing or unknown:
         raise ValueError(f"the saved policy does not match the model: missing {missing[:5]}, unknown {unknown[:5]} "
                          f"(another model or LoRA setting?)")
-    groups = []
-    for group, hyper in zip(optimizer.param_groups, saved["param_groups"]):
-        groups.append({**{k: tuple(v) if isinstance(v, list) else v for k, v in hyper.items()},
-                       "params": [names[id(p)] for p in group["params"]]})
+    # (no list -> tuple for the betas: set_state_dict rebuilds the groups, and lists they stay)
+    groups = [{**hyper, "params": [names[id(p)] for p in group["params"]]}
+              for group, hyper in zip(optimizer.param_groups, saved["param_groups"])]
     optim_sd = {"state": {n: dict(s) for n, s in saved["optimizer"].items() if s}, "param_groups": groups}
     set_state_dict(model, optimizer, model_state_dict=dict(saved["policy"]), optim_state_dict=optim_sd,
                    options=_options(full_state_dict=True, strict=False))
