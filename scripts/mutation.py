@@ -96,16 +96,18 @@ MODULES: dict[str, tuple[list[str], list[str] | None]] = {
                                            "tests/train/test_shared_prompt.py"], None),
     # the trainer's loop on any process group: old log-probs, advantages, optimizer steps, micro-batches
     # (padded to the peers' count), the loss, weights and state
-    "pipeline/train/policy_gradient.py": (["tests/train/test_policy_gradient.py", "tests/train/test_train_sync.py",
-                                           "tests/train/test_distributed_fast.py"], None),
+    # (not test_distributed_fast.py: its ~50 trainer tests would make each mutant cost a minute)
+    "pipeline/train/policy_gradient.py": (["tests/train/test_policy_gradient.py",
+                                           "tests/train/test_policy_gradient_parallel.py",
+                                           "tests/train/test_train_sync.py"], None),
     # the trainer state folder: safetensors + JSON, atomically; counters, optimizer, random streams
     "pipeline/train/state.py": (["tests/train/test_state.py", "tests/train/test_policy_gradient.py",
                                  "tests/train/test_distributed_fast.py"], None),
     # AdamW and the warm-up / decay schedule
     "pipeline/train/optim.py": (["tests/train/test_optim.py", "tests/train/test_policy_gradient.py"], None),
     # the one-process answers of the trainer's process group
-    "pipeline/train/parallel.py": (["tests/train/test_policy_gradient.py",
-                                    "tests/train/test_distributed_fast.py"], None),
+    "pipeline/train/parallel.py": (["tests/train/test_policy_gradient.py", "tests/train/test_distributed_fast.py",
+                                    "tests/train/test_policy_gradient_parallel.py"], None),
     # which worker trains which samples (token-balanced shares)
     "pipeline/train/distributed/split.py": (["tests/train/test_distributed_split.py",
                                              "tests/train/test_distributed_fast.py"], None),

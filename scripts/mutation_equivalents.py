@@ -246,6 +246,8 @@ EQUIVALENT: dict[str, str] = {
        "'None' and 'XXXX' alike do not end with 'RayEngine'" for fn, nums in (("_address", (15, 17, 20)),
                                                                              ("_local_cpus", (16, 18, 21)))
        for i in nums},
+    "pipeline.train.distributed.driver.xǁDistributedTrainerǁtrain__mutmut_110": (
+        "float() reads 'NAN' as 'nan' (case-insensitive): the same NaN in the log line"),
     # pipeline/train/distributed/worker.py
     "pipeline.train.distributed.worker.xǁTrainerWorkerǁfree_port__mutmut_4": (
         "SOCK_STREAM is socket.socket's default type"),

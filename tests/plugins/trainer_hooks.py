@@ -58,3 +58,21 @@ def draw_random_streams(args, batch, logits, sum_of_sample_mean):
     loss = logits.sum() * 0.0
     return loss, {f"rng_torch_{rank}": torch.rand(()), f"rng_numpy_{rank}": torch.tensor(np.random.rand()),
                   f"rng_python_{rank}": torch.tensor(random.random())}
+
+
+# what the recording hooks below saw (their last call)
+SEEN: dict = {}
+
+
+def record_advantages(args, rollout_data):
+    """custom advantage: records what it got; integer advantages as plain lists (the trainer
+    makes float32 tensors of them)."""
+    CALLS.append("advantage")
+    SEEN["advantage"] = (args, dict(rollout_data))
+    rollout_data["advantages"] = [[1] * n for n in rollout_data["response_lengths"]]
+
+
+def record_loss(args, batch, logits, sum_of_sample_mean):
+    """custom loss: records what it got, then the SFT-like loss."""
+    SEEN["loss"] = (args, dict(batch), logits.detach().clone())
+    return sft_like_loss(args, batch, logits, sum_of_sample_mean)

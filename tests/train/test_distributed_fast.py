@@ -12,15 +12,16 @@
   real workers called in this process; `CannedGroup`: canned results), and `WorkerGroup`'s
   calls, failures and shutdown with stand-ins for Ray's `wait`, `get` and `kill`
   (placing the workers needs a Ray cluster: the end-to-end tests).
-The end-to-end tests with two workers on Ray (tests/train/test_distributed_trainer.py,
-test_distributed_nodes.py, tests/resume/test_resume_kill_worker.py) are `slow`.
+The trainer's loop as one worker of N (padding micro-batches, the sharded resume) is in
+tests/train/test_policy_gradient_parallel.py. The end-to-end tests with two workers on Ray
+(tests/train/test_distributed_trainer.py, test_distributed_nodes.py,
+tests/resume/test_resume_kill_worker.py) are `slow`.
 """
 
 from __future__ import annotations
 
 import copy
 import datetime
-import gc
 import json
 import os
 import random
@@ -45,10 +46,10 @@ from pipeline.train.distributed.driver import SHARDED_LAYOUT, DistributedTrainer
 from pipeline.train.distributed.group import TrainerWorkerError, WorkerGroup, worker_env
 from pipeline.train.distributed.strategy import TorchParallel, wrap_classes
 from pipeline.train.distributed.worker import TrainerWorker
-from pipeline.train.parallel import LocalParallel, Parallel
+from pipeline.train.parallel import LocalParallel
 from pipeline.train.policy_gradient import PolicyGradientTrainer
-from pipeline.train.state import FORMAT_VERSION, read_state, rng_state, save_state, seed_rngs
-from trainer_fixtures import tiny_llama, train_data, yaml_keys
+from pipeline.train.state import FORMAT_VERSION, read_state, rng_state, seed_rngs
+from trainer_fixtures import free_port, group, tiny_llama, train_data, yaml_keys  # noqa: F401 (group: a fixture)
 
 torch.set_num_threads(1)
 
@@ -63,28 +64,6 @@ def exactly(message: str) -> str:
 CPU = torch.device("cpu")
 # metrics both trainers report (perf/* are times)
 COMPARED = ("train/loss", "train/pg_loss", "train/entropy", "train/kl_loss", "train/grad_norm", "train/lr")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@pytest.fixture
-def group():
-    """A one-rank gloo process group for the test (torch.distributed's default group). The test's
-    sharded and replicated models are collected before the test ends: one left for a later
-    garbage collection in a forked child (mutmut runs each mutant in one) would hang it, waiting
-    for the group's threads, which a fork does not copy."""
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        gc.collect()
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        gc.collect()
 
 
 @pytest.fixture(scope="module")
@@ -462,107 +441,6 @@ def test_fsdp2_bfloat16_parameters_compute_in_bfloat16_and_keep_float32_masters(
     assert 0.95 < cosine < 1.0
 
 
-# -- policy_gradient.py on a process group ----------------------------------------------------
-
-
-class PeerParallel(Parallel):  # not LocalParallel: the trainer asks it what its peers need
-    """This process as one worker of a group whose other worker runs `peer_count` micro-batches
-    (with `shared`: `peer_passes` response passes in each) and adds nothing to the normalisers.
-    `_plan` asks `most` for the micro-batch count, then (shared) for the passes of each."""
-
-    def __init__(self, peer_count: int, peer_passes: int = 0, shared: bool = False):
-        self.peer_count, self.peer_passes, self.shared = peer_count, peer_passes, shared
-        self._passes_next = False
-
-    def most(self, values):
-        if self._passes_next:
-            self._passes_next = False
-            return [max(int(v), self.peer_passes) for v in values]
-        self._passes_next = self.shared
-        (count,) = values
-        return [max(int(count), self.peer_count)]
-
-
-@pytest.mark.parametrize("shared", [True, False])
-def test_a_worker_runs_empty_micro_batches_to_its_peers_count_and_they_add_nothing(shared):
-    base = tiny_llama()
-    t = PolicyGradientTrainer(model=copy.deepcopy(base), parallel=PeerParallel(4, 3, shared),
-                              **keys(share_prompt_forward=shared))
-    reference = plain(base, share_prompt_forward=shared)
-    forwards = []
-    t.model.register_forward_hook(lambda *_: forwards.append(1))
-    prepared, expected = t.prepare(train_data()), reference.prepare(train_data())
-    # micro-batches of 2: 2 of its own and 2 empty ones the peer's count asks for
-    per_call = 1 + 3 if shared else 1  # the shared pass: a prompt pass, then the peer's 3 response passes
-    assert len(forwards) == 4 * per_call
-    assert all(torch.equal(x, y) for x, y in zip(prepared.old_log_probs, expected.old_log_probs))
-    forwards.clear()
-    t.optimizer.zero_grad(set_to_none=True)
-    reference.optimizer.zero_grad(set_to_none=True)
-    metrics = t.accumulate(prepared, [0, 1, 2, 3], backward=True)
-    assert len(forwards) == 4 * per_call
-    assert metrics == pytest.approx(reference.accumulate(expected, [0, 1, 2, 3], backward=True), rel=1e-12)
-    for (name, p), q in zip(t.model.named_parameters(), reference.model.parameters()):
-        assert torch.allclose(p.grad, q.grad, rtol=1e-10, atol=1e-14), name
-
-
-def test_an_empty_share_of_a_step_still_runs_its_peers_micro_batches_and_changes_nothing():
-    base = tiny_llama()
-    t = PolicyGradientTrainer(model=copy.deepcopy(base), parallel=PeerParallel(1),
-                              **keys(share_prompt_forward=False, weight_decay=0.1))
-    forwards = []
-    t.model.register_forward_hook(lambda *_: forwards.append(1))
-    before = {k: v.clone() for k, v in t.weights_for_engine().items()}
-    metrics = t.train(0, train_data(), steps=[[]])
-    # old log-probs of its 4 samples (2 micro-batches), then no micro-batch of its own in the
-    # step: one empty one for the peer; no gradient, so AdamW's decay is the only change, and no
-    # metric but the step's own is counted
-    assert len(forwards) == 2 + 1 and t.optimizer_step == 1 and t.weight_version == 1
-    assert set(metrics) == {"train/grad_norm", "train/lr", "perf/train_time", "perf/train_tokens_per_sec"}
-    assert metrics["train/grad_norm"] == 0.0
-    after = t.weights_for_engine()
-    assert all(torch.allclose(after[k], before[k] * (1 - 1e-2 * 0.1), rtol=1e-12, atol=0) for k in before)
-
-
-@pytest.mark.parametrize("kl,rollout", [(False, True), (True, False)])
-def test_an_empty_micro_batch_carries_the_optional_tensors_of_the_real_ones(kl, rollout):
-    from pipeline.train.policy_gradient import _empty_micro_batch
-
-    t = plain(tiny_llama(), use_kl_loss=kl)
-    prepared = t.prepare(train_data(with_rollout_log_probs=rollout))
-    batch, tokens = _empty_micro_batch(prepared, CPU)
-    assert [x.tolist() for x in tokens] == [[0, 0]] and tokens[0].dtype == torch.long
-    assert (batch.response_lengths, batch.total_lengths) == ([1], [2])
-    zero = [[0.0]]
-    assert [x.tolist() for x in batch.loss_masks] == zero == [x.tolist() for x in batch.advantages]
-    assert [x.tolist() for x in batch.old_log_probs] == zero and batch.loss_masks[0].dtype == torch.float32
-    assert (batch.ref_log_probs is None) != kl and (batch.rollout_log_probs is None) != rollout
-    if kl:
-        assert [x.tolist() for x in batch.ref_log_probs] == zero
-    if rollout:
-        assert [x.tolist() for x in batch.rollout_log_probs] == zero
-
-
-def test_fsdp2_old_log_probs_let_the_gathered_parameters_go(group):
-    t = one_rank(tiny_llama(torch.float32), "fsdp2", {"reshard_after_forward": False}, use_kl_loss=True)
-    t.prepare(train_data(), first_step=[0])
-    assert all(type(q).__name__ == "DTensor" for q in t.model.parameters())
-
-
-def test_the_one_process_trainer_refuses_workers_and_fsdp2_precision():
-    with pytest.raises(ValueError, match=exactly(
-            "trainer.num_workers=2: this class trains in one process; N workers are built by _target_: "
-            "pipeline.train.build.policy_gradient_trainer (the default of trainer=policy_gradient)")):
-        PolicyGradientTrainer(model=tiny_llama(), **keys(num_workers=2))
-    with pytest.raises(ValueError, match=exactly(
-            "trainer.param_dtype=bfloat16: FSDP2's mixed precision needs trainer.num_workers > 1 and "
-            "trainer.strategy=fsdp2; in one process use trainer.bf16=true (autocast)")):
-        PolicyGradientTrainer(model=tiny_llama(), **keys(param_dtype="bfloat16"))
-    # on a process group both are the group's business
-    PolicyGradientTrainer(model=tiny_llama(), parallel=PeerParallel(0), **keys(num_workers=2,
-                                                                               param_dtype="bfloat16"))
-
-
 # -- shards.py: weights ---------------------------------------------------------------------
 
 
@@ -833,25 +711,6 @@ def test_load_sharded_restores_rank_zeros_streams_and_the_counters(group, tmp_pa
     mark = torch.get_rng_state()
     shards.load_sharded(str(folder), single.model, single.optimizer)
     assert torch.equal(torch.get_rng_state(), mark)
-
-
-def test_the_in_process_trainer_loads_a_sharded_state(group, tmp_path):
-    base = tiny_llama(torch.float32)
-    t = one_rank(base, "fsdp2", lr_warmup_iters=2)
-    t.train(0, train_data())
-    shards.save_shards(t.model, t.optimizer, tmp_path / "s")
-    (tmp_path / "s" / "trainer_state.json").write_text(json.dumps(
-        {"format_version": FORMAT_VERSION, "weight_version": 1, "optimizer_step": 1, "rng": [rng_state()]}))
-    continued = t.train(1, train_data())
-    weights = snapshot(t.model, False)
-    dist.destroy_process_group()
-    single = plain(tiny_llama(torch.float32, seed=5), lr_warmup_iters=2)
-    single.load(str(tmp_path / "s"))
-    assert (single.weight_version, single.optimizer_step) == (1, 1)
-    resumed = single.train(1, train_data())
-    assert resumed["train/loss"] == pytest.approx(continued["train/loss"], rel=1e-6)
-    assert resumed["train/lr"] == continued["train/lr"]
-    assert max_diff(single.weights_for_engine(), weights) < 1e-6
 
 
 # -- worker.py ------------------------------------------------------------------------------

@@ -1,6 +1,9 @@
 """The policy-gradient trainer on a tiny random Llama (float64 where exactness matters)."""
 
+import argparse
 import copy
+import re
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -99,7 +102,7 @@ def test_use_rollout_logprobs_takes_the_engines_and_needs_them():
     prepared = t.prepare(data)
     flat = [x for lp in prepared.old_log_probs for x in lp.tolist()]
     assert flat == pytest.approx([x for row in data["rollout_log_probs"] for x in row])
-    with pytest.raises(ValueError, match="use_rollout_logprobs needs rollout_log_probs"):
+    with pytest.raises(ValueError, match="^trainer.use_rollout_logprobs needs rollout_log_probs in the train data$"):
         t.prepare(train_data(with_rollout_log_probs=False))
 
 
@@ -257,3 +260,216 @@ def test_only_the_first_step_skips_the_recompute():
     with_hook = trainer(custom_advantage_function_path="tests.plugins.trainer_hooks.double_advantages")
     with_hook.bind_args(SlimeArgs({"allowed_targets": ["pipeline."], "allowed_targets_extra": ["tests.plugins."]}))
     assert all(lp is not None for lp in with_hook.prepare(train_data(), first_step=[0, 1, 2, 3]).old_log_probs)
+
+
+# -- the loop's promises, one at a time -----------------------------------------------------
+
+
+def exactly(message: str) -> str:
+    """A pytest.raises pattern of the whole message."""
+    return f"^{re.escape(message)}$"
+
+
+def one_sample():
+    return {"tokens": [[1, 5, 7]], "response_lengths": [1], "loss_masks": [[1]], "rewards": [1.0]}
+
+
+@pytest.mark.parametrize("mode,expected,alone", [("token-mean", 0.05, -1.0), ("seq-mean-token-mean", 0.0, -1.0),
+                                                 ("seq-mean-token-sum-norm", 0.5 / 32, -1 / 8)])
+def test_on_policy_pg_loss_is_the_batch_mean_of_minus_the_advantage(mode, expected, alone):
+    # first step: ratio 1, so the PPO loss of a token is -A; the batch's normaliser decides the mean
+    # (masked tokens per sample 2, 3, 3, 2; rewards 1, -1, 0.5, -0.5; loss_agg_norm_len 8)
+    metrics = trainer(loss_agg_mode=mode).train(0, train_data())
+    assert metrics["train/pg_loss"] == pytest.approx(expected, abs=1e-7)
+    # one sample of one token of advantage 1: a normaliser of 1 (token-mean: 1 token; else 1 sample)
+    assert trainer(loss_agg_mode=mode).train(0, one_sample())["train/pg_loss"] == pytest.approx(alone)
+
+
+def test_step_metrics_are_the_mean_over_the_rollouts_steps():
+    # lr 0: both steps see the first weights; token-mean pg_loss 0.2 (samples 0, 1) and -0.1 (2, 3)
+    metrics = trainer(lr=0.0, global_batch_size=2, loss_agg_mode="token-mean").train(0, train_data())
+    assert metrics["train/pg_loss"] == pytest.approx(0.05, abs=1e-7)
+
+
+def test_train_runs_no_extra_forward_for_the_first_steps_old_log_probs():
+    t = trainer(micro_batch_size=2, share_prompt_forward=False)
+    forwards = []
+    t.model.register_forward_hook(lambda *_: forwards.append(1))
+    t.train(0, train_data())
+    assert len(forwards) == 2  # the two training micro-batches, nothing recomputed
+
+
+def test_dynamic_batch_size_cuts_micro_batches_by_padded_tokens_only_when_on():
+    # 4 samples of 5, 7, 6, 6 tokens: at most 14 padded tokens per micro-batch gives [0, 1], [2, 3]
+    for dynamic, calls in ((True, 2), (False, 1)):
+        t = trainer(micro_batch_size=4, share_prompt_forward=False, use_dynamic_batch_size=dynamic,
+                    max_tokens_per_gpu=14)
+        forwards = []
+        t.model.register_forward_hook(lambda *_: forwards.append(1))
+        prepared = t.prepare(train_data(), first_step=[0, 1, 2, 3])
+        t.accumulate(prepared, [0, 1, 2, 3], backward=False)
+        assert len(forwards) == calls, dynamic
+
+
+@pytest.mark.parametrize("entropy_coef", [0.01, 1.0])
+def test_the_entropy_term_has_its_gradient_in_both_forwards(entropy_coef):
+    grads = []
+    for shared in (True, False):
+        t = trainer(entropy_coef=entropy_coef, share_prompt_forward=shared)
+        prepared = t.prepare(train_data())
+        t.optimizer.zero_grad(set_to_none=True)
+        t.accumulate(prepared, [0, 1, 2, 3], backward=True)
+        grads.append(flat_grad(t.model))
+    assert torch.allclose(grads[0], grads[1], rtol=1e-9, atol=1e-12)
+    without = trainer(entropy_coef=0.0)
+    prepared = without.prepare(train_data())
+    without.accumulate(prepared, [0, 1, 2, 3], backward=True)
+    assert not torch.allclose(grads[0], flat_grad(without.model), rtol=1e-6, atol=1e-9)
+
+
+def test_bf16_autocast_reaches_the_per_sample_forward_too():
+    base = tiny_llama(torch.float32)
+    grads = []
+    for bf16 in (False, True):
+        t = trainer(copy.deepcopy(base), bf16=bf16, share_prompt_forward=False)
+        prepared = t.prepare(train_data())
+        t.accumulate(prepared, [0, 1, 2, 3], backward=True)
+        grads.append(flat_grad(t.model))
+    cosine = torch.nn.functional.cosine_similarity(grads[0], grads[1], dim=0).item()
+    assert 0.95 < cosine < 1.0
+
+
+def test_train_times_itself_and_reports_tokens_per_second(monkeypatch):
+    import pipeline.train.policy_gradient as pg
+
+    clock = iter([10.0, 12.5])
+    monkeypatch.setattr(pg, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
+    metrics = trainer().train(0, train_data())
+    assert metrics["perf/train_time"] == 2.5 and metrics["perf/train_tokens_per_sec"] == 24 / 2.5
+    clock = iter([3.0, 3.0])
+    metrics = trainer().train(0, train_data())
+    assert metrics["perf/train_time"] == 0.0 and metrics["perf/train_tokens_per_sec"] == 0.0
+
+
+def test_train_logs_one_line_per_rollout_on_rank_zero(caplog):
+    caplog.set_level("INFO", logger="pipeline.train.policy_gradient")
+    t = trainer(global_batch_size=2)
+    metrics = t.train(3, train_data())
+    assert caplog.messages == [f"rollout 3: 2 optimizer step(s), loss {metrics['train/loss']:.4g}, weight version 1"]
+    caplog.clear()
+    assert t.train(4, {"tokens": [], "response_lengths": [], "loss_masks": [], "rewards": []}) == {}
+    assert caplog.messages == ["rollout 4: no train samples; the trainer skips this rollout"]
+    caplog.clear()
+    t.parallel.rank = 1  # another worker of the group: quiet
+    t.train(5, train_data())
+    assert caplog.messages == []
+
+
+def test_args_given_at_construction_are_bound_and_a_namespace_works_too():
+    t = trainer(args=SlimeArgs({"n_samples_per_prompt": 8}))
+    assert t.args.n_samples_per_prompt == 8 and t.args.eps_clip == 0.2
+    t.bind_args(argparse.Namespace(n_samples_per_prompt=3, allowed_targets=["pipeline."]))
+    assert t.args.n_samples_per_prompt == 3
+
+
+def test_bad_settings_are_refused_with_the_whole_message(monkeypatch):
+    from pipeline.cluster import devices
+
+    with pytest.raises(ValueError, match=exactly("trainer.loss_type must be policy_loss or custom_loss, got 'sft'")):
+        trainer(loss_type="sft")
+    with pytest.raises(ValueError, match=exactly(
+            "trainer.loss_type=custom_loss needs trainer.custom_loss_function_path")):
+        trainer(loss_type="custom_loss").bind_args(SlimeArgs({}))
+    monkeypatch.setattr(devices, "cuda_device_count", lambda: 0)
+    with pytest.raises(devices.DeviceError, match=r"^trainer\.device=cuda, but this machine has no CUDA device"):
+        trainer(device="cuda")
+
+
+def test_bf16_auto_is_resolved_once_for_this_machine():
+    from pipeline.precision import resolve_bf16
+
+    assert trainer(bf16="auto").keys["bf16"] is resolve_bf16("auto")
+
+
+def test_the_lr_decays_over_lr_decay_iters():
+    metrics = trainer(lr=1e-3, global_batch_size=2, lr_decay_style="linear", lr_decay_iters=2).train(0, train_data())
+    assert metrics["train/lr"] == pytest.approx(0.5e-3)  # step 1 of a 2-step linear decay to 0
+
+
+def test_the_custom_advantage_hook_gets_slimes_rollout_data_and_its_values_become_float32():
+    trainer_hooks.SEEN.clear()
+    t = trainer(custom_advantage_function_path="tests.plugins.trainer_hooks.record_advantages", use_kl_loss=True,
+                kl_loss_coef=0.1)
+    t.bind_args(SlimeArgs({"allowed_targets": ["pipeline."], "allowed_targets_extra": ["tests.plugins."],
+                           "marker": 5}))
+    data = train_data()
+    prepared = t.prepare(data)
+    args, seen = trainer_hooks.SEEN["advantage"]
+    assert args.marker == 5
+    assert set(seen) == {"rewards", "loss_masks", "response_lengths", "total_lengths", "tokens", "log_probs",
+                         "ref_log_probs", "rollout_log_probs", "advantages"}
+    assert seen["rewards"] == data["rewards"] and seen["response_lengths"] == data["response_lengths"]
+    assert seen["total_lengths"] == [len(x) for x in data["tokens"]]
+    assert [m.tolist() for m in seen["loss_masks"]] == data["loss_masks"]
+    assert [x.tolist() for x in seen["tokens"]] == data["tokens"]
+    assert all(torch.equal(a, b) for a, b in zip(seen["log_probs"], prepared.old_log_probs))
+    assert all(torch.equal(a, b) for a, b in zip(seen["ref_log_probs"], prepared.ref_log_probs))
+    assert [v for x in seen["rollout_log_probs"] for v in x.tolist()] == pytest.approx(
+        [v for row in data["rollout_log_probs"] for v in row])
+    assert all(a.dtype == torch.float32 and a.tolist() == [1.0] * len(a) for a in prepared.advantages)
+
+
+def test_the_custom_loss_gets_slimes_batch_and_logits_in_the_asked_precision():
+    base = tiny_llama(torch.float32)
+    hooks = dict(loss_type="custom_loss", custom_loss_function_path="tests.plugins.trainer_hooks.record_loss",
+                 use_kl_loss=True, kl_loss_coef=0.1, micro_batch_size=4)
+    allow = SlimeArgs({"allowed_targets": ["pipeline."], "allowed_targets_extra": ["tests.plugins."], "marker": 6})
+    ids = torch.tensor([train_data()["tokens"][1]])
+    with torch.no_grad():
+        full = base(input_ids=ids).logits[0]
+    logits = {}
+    for bf16 in (False, True):
+        trainer_hooks.SEEN.clear()
+        t = trainer(copy.deepcopy(base), bf16=bf16, **hooks)
+        t.bind_args(allow)
+        data = train_data()
+        prepared = t.prepare(data)
+        t.accumulate(prepared, [0, 1, 2, 3], backward=False)
+        args, batch, packed = trainer_hooks.SEEN["loss"]
+        assert args.marker == 6
+        assert set(batch) == {"unconcat_tokens", "total_lengths", "response_lengths", "loss_masks", "advantages",
+                              "log_probs", "ref_log_probs", "rollout_log_probs"}
+        assert [m.tolist() for m in batch["loss_masks"]] == data["loss_masks"]
+        assert [a.tolist() for a in batch["advantages"]] == [[r] * n for r, n in zip(data["rewards"],
+                                                                                  data["response_lengths"])]
+        assert all(torch.equal(a, b) for a, b in zip(batch["log_probs"], prepared.old_log_probs))
+        assert all(torch.equal(a, b) for a, b in zip(batch["ref_log_probs"], prepared.ref_log_probs))
+        assert all(torch.equal(a, b) for a, b in zip(batch["rollout_log_probs"], prepared.samples.rollout_log_probs))
+        logits[bf16] = packed[0, 5:12]  # sample 1 of the packed [1, sum(total_lengths), vocab]
+    assert torch.allclose(logits[False], full, atol=1e-6)
+    assert not torch.allclose(logits[True], full, atol=1e-4) and torch.allclose(logits[True], full, atol=0.1)
+
+
+def test_the_export_copies_the_checkpoints_tokenizer(tmp_path, monkeypatch):
+    import pipeline.train.policy_gradient as pg
+
+    source = tmp_path / "ckpt"
+    tiny_llama(torch.float32).save_pretrained(source)
+    (source / "tokenizer.json").write_text('{"stand-in": true}')
+    asked = []
+    real = pg.resolve_checkpoint
+    monkeypatch.setattr(pg, "resolve_checkpoint", lambda ckpt, cache=None: asked.append((ckpt, cache))
+                        or real(ckpt, cache))
+    t = PolicyGradientTrainer(**yaml_keys(hf_checkpoint=str(source), cache_dir=str(tmp_path / "cache")))
+    t.export_hf(str(tmp_path / "policy"))
+    assert (tmp_path / "policy" / "tokenizer.json").read_text() == '{"stand-in": true}'
+    assert asked[-1] == (str(source), str(tmp_path / "cache"))
+
+
+def test_a_load_says_what_it_loaded(tmp_path, caplog):
+    t = trainer(lr=1e-2)
+    t.train(0, train_data())
+    t.save(str(tmp_path / "state"))
+    caplog.set_level("INFO", logger="pipeline.train.policy_gradient")
+    trainer().load(str(tmp_path / "state"))
+    assert caplog.messages == [f"trainer state loaded from {tmp_path / 'state'} (weight version 1)"]

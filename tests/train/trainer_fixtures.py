@@ -1,8 +1,12 @@
-"""A tiny random Llama and train data for the trainer tests; the trainer keys come from the YAML."""
+"""A tiny random Llama and train data for the trainer tests; the trainer keys come from the YAML;
+a one-rank gloo process group (`group`, a fixture: import it into the test module)."""
 
+import gc
 import os
+import socket
 from pathlib import Path
 
+import pytest
 import torch
 from omegaconf import OmegaConf
 
@@ -55,3 +59,27 @@ def train_data(with_rollout_log_probs=True):
     if with_rollout_log_probs:
         data["rollout_log_probs"] = [[-3.3 - 0.1 * j for j in range(n)] for n in lengths]
     return data
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def group():
+    """A one-rank gloo process group for the test (torch.distributed's default group). The test's
+    sharded and replicated models are collected before the test ends: one left for a later
+    garbage collection in a forked child (mutmut runs each mutant in one) would hang it, waiting
+    for the group's threads, which a fork does not copy."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        gc.collect()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        gc.collect()
