@@ -194,8 +194,7 @@ class PolicyGradientTrainer:
                 return {}
             steps = batches.optimizer_steps(len(samples), self.keys["global_batch_size"])
         sums: dict[str, float] = {}
-        prepared = self.prepare(samples, first_step=steps[0])
-        lr = self._schedule.at(self.optimizer_step)
+        prepared = self.prepare(samples, first_step=steps[0])  # (steps has one step at least)
         for indices in steps:
             lr = self._schedule.apply(self.optimizer, self.optimizer_step)
             self.optimizer.zero_grad(set_to_none=True)

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import tempfile
 
 import pytest
 import torch
@@ -24,14 +26,16 @@ torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="module", autouse=True)
-def ray_up(tmp_path_factory):
+def ray_up():
     import ray
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(num_cpus=4, include_dashboard=False, _temp_dir=str(tmp_path_factory.mktemp("ray")),
-             log_to_driver=False)
+    # Ray's socket paths must stay under 107 bytes: a short folder in /tmp, not pytest's deep tmp_path.
+    temp = tempfile.mkdtemp(prefix="ray_")
+    ray.init(num_cpus=4, include_dashboard=False, _temp_dir=temp, log_to_driver=False)
     yield
     ray.shutdown()
+    shutil.rmtree(temp, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
