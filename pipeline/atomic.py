@@ -15,8 +15,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["atomic_dir", "atomic_write_bytes", "atomic_write_text", "file_mode", "make_temp", "prune_numbered_dirs",
-           "remove_stale_temp_dirs"]
+__all__ = ["atomic_dir", "atomic_write_bytes", "atomic_write_text", "file_mode", "follow_umask", "make_temp",
+           "prune_numbered_dirs", "remove_stale_temp_dirs"]
 
 
 def _umask() -> int:
@@ -36,6 +36,23 @@ def _umask() -> int:
 def file_mode(base: int = 0o666) -> int:
     """`base` minus the umask: the mode `open()` (base 0666) or `mkdir()` (base 0777) gives."""
     return base & ~_umask()
+
+
+def follow_umask(path: str | os.PathLike[str]) -> None:
+    """Give `path` and everything under it the modes a plain `open()` / `mkdir()` would have
+    given (0666 / 0777 minus the umask; a file with an execute bit keeps execute): writers such
+    as safetensors' `save_file` and `tempfile.mkdtemp` create 0600 files and 0700 folders, which
+    an inference server running as another user cannot read."""
+    root = Path(path)
+    entries = [root, *root.rglob("*")] if root.is_dir() else [root]
+    for entry in entries:
+        if entry.is_symlink():
+            continue
+        if entry.is_dir():
+            os.chmod(entry, file_mode(0o777))
+        else:
+            executable = entry.stat().st_mode & 0o111
+            os.chmod(entry, file_mode(0o777 if executable else 0o666))
 
 
 def make_temp(folder: str | os.PathLike[str], prefix: str = "", suffix: str = "") -> tuple[int, str]:
@@ -75,13 +92,15 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
 def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a fresh temp folder beside `path` (mode of a plain `mkdir`); when the block ends
     without an exception it replaces `path` (an existing folder there is removed first), else it
-    is deleted. A reader sees the old folder or the complete new one, never a half-written one."""
+    is deleted. A reader sees the old folder or the complete new one, never a half-written one.
+    What the block wrote gets the umask's modes (`follow_umask`), whatever wrote it."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
     try:
         os.chmod(tmp, file_mode(0o777))
         yield tmp
+        follow_umask(tmp)
         if target.exists():
             shutil.rmtree(target)
         os.replace(tmp, target)

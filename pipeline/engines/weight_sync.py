@@ -21,7 +21,7 @@ from typing import Any, Mapping
 
 import torch
 
-from pipeline.atomic import prune_numbered_dirs
+from pipeline.atomic import follow_umask, prune_numbered_dirs
 from pipeline.engines.base import check_update
 
 __all__ = ["as_arrays", "as_tensors", "copy_into_model", "versions_per_token", "save_hf_folder", "CONFIG_FILES"]
@@ -102,7 +102,7 @@ def save_hf_folder(state: Mapping[str, torch.Tensor], base_checkpoint: str | Non
                 src = Path(base_checkpoint) / name
                 if src.is_file():
                     shutil.copyfile(src, tmp / name)
-        os.chmod(tmp, 0o755)
+        follow_umask(tmp)  # safetensors writes 0600, mkdtemp makes 0700
         if final.exists():  # a rerun of the same version (resume): replace it
             shutil.rmtree(final)
         os.replace(tmp, final)
