@@ -83,6 +83,16 @@ _COLUMNS = (("reward", "rollout/raw_reward", ".3f"), ("pass", "rollout/pass_rate
             ("buffer", "rollout/buffer_size", ".0f"), ("time s", "perf/rollout_time", ".2f"))
 
 
+# the trainer's columns, shown when a trainer ran (its train/* metrics are there)
+_TRAIN_COLUMNS = (("loss", "train/loss", ".4f"), ("grad norm", "train/grad_norm", ".3f"), ("lr", "train/lr", ".2e"))
+
+
+def _columns(rows: list[dict[str, Any]]) -> tuple[tuple[str, str, str], ...]:
+    """The rollout columns, then the trainer's when any of `rows` has a train/* value of them."""
+    trained = any(_num(m, key) is not None for m in rows for _, key, _ in _TRAIN_COLUMNS)
+    return _COLUMNS + _TRAIN_COLUMNS if trained else _COLUMNS
+
+
 def _value(metrics: dict[str, Any], key: str, spec: str) -> str:
     """One cell; the buffer size shows its traffic, `8 (+6 -4)`: groups that entered the buffer
     (`rollout/groups_to_buffer`) and that it served (`rollout/groups_from_buffer`) this rollout."""
@@ -108,23 +118,25 @@ class RunProgress:
         self._start = time.perf_counter()
 
     def step(self, rollout_id: int, metrics: dict[str, Any]) -> None:
-        """The progress line of `rollout_id` (eval/<name> values appended when present)."""
+        """The progress line of `rollout_id`: the rollout's columns, the trainer's loss, grad norm
+        and learning rate when it trained, then eval/<name> values when present."""
         self.rows.append((rollout_id, metrics))
         width = len(str(self.num_rollout - 1))
         parts = [f"rollout {rollout_id:>{width}} of 0..{self.num_rollout - 1}"]
-        parts += [f"{name} {_value(metrics, key, fmt)}" for name, key, fmt in _COLUMNS]
+        parts += [f"{name} {_value(metrics, key, fmt)}" for name, key, fmt in _columns([metrics])]
         parts += [f"{k} {v:.3f}" for k, v in sorted(metrics.items())
                   if k.startswith("eval/") and "-" not in k and isinstance(v, float)]
         progress_logger.info(" | ".join(parts))
 
     def summary(self) -> str:
         """A Markdown-style table of every rollout logged, then the run dir and what to do next."""
-        header = ["rollout"] + [name for name, _, _ in _COLUMNS]
+        columns = _columns([m for _, m in self.rows])
+        header = ["rollout"] + [name for name, _, _ in columns]
         lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         if len(self.rows) > _MAX_ROWS:
-            lines.append(f"| ({len(self.rows) - _MAX_ROWS} earlier rollouts: see metrics.jsonl) |" + " |" * len(_COLUMNS))
+            lines.append(f"| ({len(self.rows) - _MAX_ROWS} earlier rollouts: see metrics.jsonl) |" + " |" * len(columns))
         for rollout_id, m in self.rows[-_MAX_ROWS:]:
-            lines.append("| " + " | ".join([str(rollout_id)] + [_value(m, k, f) for _, k, f in _COLUMNS]) + " |")
+            lines.append("| " + " | ".join([str(rollout_id)] + [_value(m, k, f) for _, k, f in columns]) + " |")
         rewards = [r for _, m in self.rows if (r := _num(m, "rollout/raw_reward")) is not None]
         mean = f"mean reward {sum(rewards) / len(rewards):.3f}, " if rewards else ""
         lines += ["", f"{len(self.rows)} rollouts, {mean}{time.perf_counter() - self._start:.1f} s. "

@@ -74,3 +74,19 @@ def test_cli_console_and_the_nothing_to_run_warning(tmp_path):
                            capture_output=True, text=True, timeout=100)
     assert again.returncode == 0, again.stderr
     assert "nothing to run" in again.stdout and "num_rollout=4" in again.stdout
+
+
+def test_a_trainer_s_loss_grad_norm_and_lr_are_on_the_line_and_in_the_summary(tmp_path, caplog):
+    progress = RunProgress(num_rollout=3, run_dir=str(tmp_path))
+    trained = {"rollout/raw_reward": 0.5, "train/loss": -0.01234, "train/grad_norm": 1.5, "train/lr": 1e-6}
+    with caplog.at_level(logging.INFO, logger="pipeline.progress"):
+        progress.step(0, {"rollout/raw_reward": 0.25})  # no trainer step in this rollout (e.g. skipped)
+        progress.step(1, trained)
+        progress.step(2, {**trained, "train/loss": float("nan")})
+    assert caplog.messages[0].endswith("| time s -")  # no trainer: no trainer columns
+    assert caplog.messages[1].endswith("| time s - | loss -0.0123 | grad norm 1.500 | lr 1.00e-06")
+    assert caplog.messages[2].endswith("| loss - | grad norm 1.500 | lr 1.00e-06")
+    summary = progress.summary().splitlines()
+    assert summary[0] == "| rollout | reward | pass | len | dropped | buffer | time s | loss | grad norm | lr |"
+    assert summary[2].startswith("| 0 | 0.250 |") and summary[2].endswith("| - | - | - |")
+    assert summary[3].endswith("| -0.0123 | 1.500 | 1.00e-06 |")
