@@ -20,9 +20,9 @@ from pipeline.logging_setup import RunProgress, configure_console, progress_logg
 from pipeline.malloc import keep_freed_memory
 from pipeline.openmp import configure_openmp_wait
 from pipeline.plugins import SLOTS_BY_NAME, ConfigError, allowed_targets
-from pipeline.run_record import check_resume_config, read_changes, read_record
+from pipeline.run_record import check_resume_config, project_upgrades, read_changes, read_record
 from pipeline.session import (discard_session_files, existing_run_problem, has_checkpoint, hydra_config, interrupt_hint,
-                              store_record)
+                              session_overrides, store_record)
 from pipeline.sinks.jsonl import MetricsJsonl
 
 __all__ = ["run", "run_identity"]
@@ -80,7 +80,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         taken = None if resume else existing_run_problem(run_dir, "paths.output_dir")
         if taken:
             raise ConfigError(taken)
-        changes = check_resume_config((record or {}).get("config"), plain, run_dir) if resume else {}
+        overrides = session_overrides(record) if resume else None
+        changes = check_resume_config((record or {}).get("config"), plain, run_dir, overrides) if resume else {}
+        upgrades = project_upgrades(changes, overrides)
     except ConfigError:
         discard_session_files(resumed=bool(cfg.get("resume")) or bool(cfg.get("continue_sweep")))
         raise
@@ -92,7 +94,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     try:
         with keep_freed_memory(plain["keep_freed_memory"], cpu_idle) as freed_memory:
             logger.info("%s", freed_memory)
-            return _run_locked(plain, run_dir, record, changes)
+            return _run_locked(plain, run_dir, record, changes, upgrades)
     except KeyboardInterrupt:
         logger.warning("%s", interrupt_hint(run_dir, plain["save_interval"], _sweep_dir()))
         raise SystemExit(130) from None
@@ -113,7 +115,7 @@ def _cpu_idle(cfg: DictConfig) -> str | None:
 
 
 def _run_locked(plain: dict[str, Any], run_dir: str, record: dict[str, Any] | None,
-                changes: dict[str, tuple[Any, Any]]) -> dict[str, Any]:
+                changes: dict[str, tuple[Any, Any]], upgrades: set[str]) -> dict[str, Any]:
     """`run` once the config is checked and the run dir locked."""
     # imported once the config has passed pre-flight: a refused command ends without importing
     # torch (about 3 s)
@@ -130,7 +132,7 @@ def _run_locked(plain: dict[str, Any], run_dir: str, record: dict[str, Any] | No
         stages = build_stages(plain, allowed)
         parts, eval_fn, schedule = build_parts(plain, args, allowed, run_dir, closers)
         name = (record or {}).get("name") or run_identity(plain)[0]
-        store_record(run_dir, plain, name, record, changes, schedule.start_rollout_id)
+        store_record(run_dir, plain, name, record, changes, schedule.start_rollout_id, upgrades)
         metrics_file = MetricsJsonl(os.path.join(run_dir, "metrics.jsonl"))
         metrics_file.truncate_from(schedule.start_rollout_id)
         group = run_identity(plain)[1]

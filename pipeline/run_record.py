@@ -9,8 +9,11 @@
 `resume=<run dir>` recomposes the stored overrides plus the new ones (`merge_overrides`, done by
 `pipeline.session` before Hydra composes) and `check_resume_config` diffs the result against the
 stored config: keys under `resume_safe_keys` (conf/config.yaml) may change, any other difference
-needs `allow_config_change=true`. Run dirs of older versions have no record: their
-`.hydra/overrides.yaml` and `.hydra/config.yaml` stand in for it.
+needs `allow_config_change=true`. A difference no override of this command asked for is an
+*upgrade* (a key the project added since the run was written, or a default it changed): logged
+and recorded as such, never refused; the safe keys are the stored list merged with the
+project's, unless the command sets `resume_safe_keys` itself. Run dirs of older versions have no
+record: their `.hydra/overrides.yaml` and `.hydra/config.yaml` stand in for it.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import json
 import logging
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +31,8 @@ from pipeline.atomic import atomic_write_text
 from pipeline.plugins import ConfigError
 from pipeline.sinks.redact import REDACTED, redact, redact_text
 
-__all__ = ["CHANGES_FILE", "MOVED_ENTRY_KEYS", "MOVED_KEYS", "OPT_IN", "RECORD_FILE", "check_resume_config",
-           "config_changes", "merge_overrides", "override_key", "read_changes", "read_record", "record_changes",
+__all__ = ["CHANGES_FILE", "MOVED_ENTRY_KEYS", "MOVED_KEYS", "OPT_IN", "RECORD_FILE", "SessionOverrides",
+           "check_resume_config", "config_changes", "project_upgrades", "resume_safe_list", "merge_overrides", "override_key", "read_changes", "read_record", "record_changes",
            "run_overrides", "upgrade_config", "upgrade_overrides", "write_record"]
 
 logger = logging.getLogger(__name__)
@@ -207,16 +211,55 @@ def config_changes(stored: dict[str, Any], current: dict[str, Any]) -> dict[str,
     return changes
 
 
-def check_resume_config(stored: dict[str, Any] | None, current: dict[str, Any], run_dir: str) -> dict[str, tuple[Any, Any]]:
-    """The changes a resume makes to the stored config; raises ConfigError when a key outside
-    `resume_safe_keys` changes and `allow_config_change` is not true."""
+@dataclass(frozen=True)
+class SessionOverrides:
+    """A resumed session's overrides: the run's stored ones, this command's (the stored merged
+    with the new, as Hydra composed them) and the config group names (Hydra's choices)."""
+
+    stored: list[str]
+    command: list[str]
+    groups: frozenset[str]
+
+    def new_keys(self) -> list[str]:
+        """The keys this command sets anew (not the stored overrides, not the session keys)."""
+        stored = set(self.stored)
+        return [override_key(o) for o in self.command if o not in stored and override_key(o) not in _SESSION_KEYS]
+
+
+def project_upgrades(changes: dict[str, tuple[Any, Any]], overrides: SessionOverrides | None) -> set[str]:
+    """The changed keys no override of this command asked for: keys the project added or defaults
+    it changed since the run was written. None of them when the overrides are unknown (a `run(cfg)`
+    without Hydra) or the command picks a config group anew (it may change any key)."""
+    if overrides is None:
+        return set()
+    new = overrides.new_keys()
+    if any(k in overrides.groups or "/" in k for k in new):
+        return set()
+    return {k for k in changes if not _covered(k, new)}
+
+
+def resume_safe_list(stored: dict[str, Any], current: dict[str, Any], overrides: SessionOverrides | None) -> list[str]:
+    """The keys a resume may change: the stored `resume_safe_keys` merged with the project's
+    (current) list; only the stored one when the overrides are unknown or this command sets
+    `resume_safe_keys` itself (a resume cannot widen the list for itself)."""
+    safe = [str(k) for k in stored.get("resume_safe_keys", current["resume_safe_keys"])]
+    if overrides is not None and not _covered("resume_safe_keys", overrides.new_keys()):
+        safe += [str(k) for k in current["resume_safe_keys"] if str(k) not in safe]
+    return safe
+
+
+def check_resume_config(stored: dict[str, Any] | None, current: dict[str, Any], run_dir: str,
+                        overrides: SessionOverrides | None = None) -> dict[str, tuple[Any, Any]]:
+    """The changes a resume makes to the stored config (upgrades included); raises ConfigError
+    when a key this command changes lies outside the safe keys (`resume_safe_list`) and
+    `allow_config_change` is not true. Upgrades (`project_upgrades`) are never refused."""
     if stored is None:
         return {}
     stored = upgrade_config(stored)
     changes = config_changes(stored, current)
-    # the stored list: a resume cannot widen it for itself
-    safe = [str(k) for k in stored.get("resume_safe_keys", current["resume_safe_keys"])]
-    refused = {k: v for k, v in changes.items() if not _covered(k, safe)}
+    safe = resume_safe_list(stored, current, overrides)
+    upgrades = project_upgrades(changes, overrides)
+    refused = {k: v for k, v in changes.items() if k not in upgrades and not _covered(k, safe)}
     if refused and current[OPT_IN] is not True:
         lines = "\n  ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in refused.items())
         raise ConfigError(
@@ -228,11 +271,12 @@ def check_resume_config(stored: dict[str, Any] | None, current: dict[str, Any], 
 
 
 def record_changes(run_dir: str | os.PathLike[str], rollout_id: int, changes: dict[str, tuple[Any, Any]],
-                   opted_in: bool) -> None:
-    """Append one line to `<run>/config_changes.jsonl` (the changes, taking effect at `rollout_id`)."""
+                   opted_in: bool, accepted_by: str | None = None) -> None:
+    """Append one line to `<run>/config_changes.jsonl` (the changes, taking effect at `rollout_id`);
+    `accepted_by` defaults to the opt-in or `resume_safe_keys` (`upgrade` for project upgrades)."""
     line = {"rollout_id": rollout_id, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "changes": {k: [redact({k: a})[k], redact({k: b})[k]] for k, (a, b) in changes.items()},
-            "accepted_by": f"{OPT_IN}=true" if opted_in else "resume_safe_keys"}
+            "accepted_by": accepted_by or (f"{OPT_IN}=true" if opted_in else "resume_safe_keys")}
     path = Path(run_dir) / CHANGES_FILE
     with open(path, "a", encoding="utf-8") as fh:
         fh.write(json.dumps(line, default=str) + "\n")

@@ -25,8 +25,8 @@ from pipeline.data.checkpoint import list_checkpoints
 from pipeline.overrides import command_arg, hydra_quoted, override_value, unique_dir_arg
 from pipeline.plugins import ConfigError
 from pipeline.run_lock import LOCK_FILE, acquire
-from pipeline.run_record import (OPT_IN, RECORD_FILE, merge_overrides, override_key, read_record, record_changes,
-                                 upgrade_overrides, write_record)
+from pipeline.run_record import (OPT_IN, RECORD_FILE, SessionOverrides, merge_overrides, override_key, read_record,
+                                 record_changes, upgrade_overrides, write_record)
 from pipeline.sweep_resume import is_sweep_dir, job_dirs, sweep_resume_argv
 
 __all__ = ["SESSION_PREFIX", "discard_session_files", "existing_run_problem", "has_checkpoint", "hydra_config",
@@ -211,6 +211,17 @@ def hydra_config() -> Any:
         return None
 
 
+def session_overrides(record: dict[str, Any] | None) -> SessionOverrides | None:
+    """The stored overrides of a resumed run and this command's, as Hydra composed them (None
+    outside a Hydra run: every change then counts as the user's)."""
+    hc = hydra_config()
+    if hc is None:
+        return None
+    return SessionOverrides(stored=[str(o) for o in (record or {}).get("overrides", [])],
+                            command=[str(o) for o in hc.overrides.task],
+                            groups=frozenset(str(k) for k in hc.runtime.choices))
+
+
 def discard_session_files(resumed: bool) -> None:
     """Remove what Hydra wrote for a command refused at pre-flight: a fresh run's (or sweep job's)
     dir when it holds nothing else, or a resume's `.hydra/resume-<time>/`. Outside a Hydra run
@@ -228,16 +239,29 @@ def discard_session_files(resumed: bool) -> None:
         shutil.rmtree(out, ignore_errors=True)
 
 
+def _listed(changes: dict[str, tuple[Any, Any]]) -> str:
+    return ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changes.items())
+
+
 def store_record(run_dir: str, plain: dict[str, Any], name: str, record: dict[str, Any] | None,
-                 changes: dict[str, tuple[Any, Any]], start_rollout_id: int) -> None:
+                 changes: dict[str, tuple[Any, Any]], start_rollout_id: int, upgrades: set[str] | None = None) -> None:
     """Write the run record (this session's overrides and config) and log and record `changes`
-    (a resume's config changes, taking effect at `start_rollout_id`)."""
+    (a resume's config changes, taking effect at `start_rollout_id`): `upgrades` (keys the
+    project added or whose default it changed) and resume-safe changes at INFO, changes accepted
+    by the opt-in as a WARNING; one config_changes.jsonl line per kind."""
     hc = hydra_config()
     overrides = list(hc.overrides.task) if hc is not None else list((record or {}).get("overrides", []))
-    if changes:
-        listed = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changes.items())
-        logger.warning("resume: config changes from rollout %d on: %s", start_rollout_id, listed)
-        record_changes(run_dir, start_rollout_id, changes, opted_in=plain[OPT_IN] is True)
+    upgraded = {k: v for k, v in changes.items() if k in (upgrades or set())}
+    asked = {k: v for k, v in changes.items() if k not in upgraded}
+    if upgraded:
+        logger.info("resume: upgraded to this version's config from rollout %d on (keys the project added or "
+                    "whose default it changed; not an override of yours): %s", start_rollout_id, _listed(upgraded))
+        record_changes(run_dir, start_rollout_id, upgraded, opted_in=False, accepted_by="upgrade")
+    if asked:
+        opted_in = plain[OPT_IN] is True
+        log = logger.warning if opted_in else logger.info
+        log("resume: config changes from rollout %d on: %s", start_rollout_id, _listed(asked))
+        record_changes(run_dir, start_rollout_id, asked, opted_in=opted_in)
     write_record(run_dir, name=name, overrides=overrides, config=plain)
 
 

@@ -48,3 +48,59 @@ def test_a_resume_from_another_shell_with_another_cache_folder_is_the_same_exper
         check_resume_config(stored, {**moved, "rollout_temperature": 0.5}, str(tmp_path))
     with pytest.raises(ConfigError, match=r"data_source.seed: 1 -> 2"):
         check_resume_config(stored, {**moved, "data_source": {"cache_dir": "./.cache", "seed": 2}}, str(tmp_path))
+
+
+def overrides_of(stored: list[str], new: list[str], groups=("engine", "trainer", "experiment", "hydra/launcher")):
+    from pipeline.run_record import SessionOverrides
+
+    return SessionOverrides(stored=stored, command=[*stored, *new, "resume=/r"], groups=frozenset(groups))
+
+
+STORED = {"resume_safe_keys": ["num_rollout"], "allow_config_change": False, "num_rollout": 2,
+          "rollout_temperature": 1.0, "trainer": {"lr": 1e-6}}
+
+
+def test_keys_the_project_added_or_whose_default_it_changed_are_upgrades_not_refusals(tmp_path):
+    from pipeline.run_record import project_upgrades
+
+    current = {**STORED, "num_rollout": 3, "resume_safe_keys": ["num_rollout", "trainer.num_workers"],
+               "trainer": {"lr": 1e-6, "seed": 0, "num_workers": 1}, "rollout_temperature": 0.9}
+    overrides = overrides_of(["trainer=policy_gradient", "num_rollout=2"], ["num_rollout=3"])
+    changes = check_resume_config(STORED, current, str(tmp_path), overrides)
+    assert changes == {"num_rollout": (2, 3), "resume_safe_keys": (["num_rollout"], ["num_rollout", "trainer.num_workers"]),
+                       "rollout_temperature": (1.0, 0.9), "trainer.num_workers": ("<absent>", 1),
+                       "trainer.seed": ("<absent>", 0)}
+    assert project_upgrades(changes, overrides) == set(changes) - {"num_rollout"}
+    # without the overrides (a run(cfg) outside Hydra) every change is the user's: refused
+    with pytest.raises(ConfigError, match=r"rollout_temperature: 1.0 -> 0.9") as refused:
+        check_resume_config(STORED, current, str(tmp_path))
+    assert "trainer.seed: '<absent>' -> 0" in str(refused.value)
+
+
+def test_the_users_own_changes_are_still_guarded(tmp_path):
+    current = {**STORED, "rollout_temperature": 0.5, "trainer": {"lr": 1e-5}}
+    for new in (["rollout_temperature=0.5", "trainer.lr=1e-5"], ["+rollout_temperature=0.5", "++trainer.lr=1e-5"]):
+        with pytest.raises(ConfigError, match=r"rollout_temperature: 1.0 -> 0.5\n  trainer.lr: 1e-06 -> 1e-05"):
+            check_resume_config(STORED, current, str(tmp_path), overrides_of(["trainer.lr=1e-6"], new))
+    # a config group picked anew may change any key: nothing counts as an upgrade
+    with pytest.raises(ConfigError, match=r"rollout_temperature: 1.0 -> 0.5"):
+        check_resume_config(STORED, current, str(tmp_path), overrides_of([], ["engine=hf"]))
+    with pytest.raises(ConfigError, match=r"rollout_temperature"):
+        check_resume_config(STORED, current, str(tmp_path), overrides_of([], ["hydra/launcher=ray"], groups=()))
+
+
+def test_the_safe_keys_are_the_stored_list_merged_with_the_projects_unless_the_command_sets_them(tmp_path):
+    from pipeline.run_record import resume_safe_list
+
+    current = {**STORED, "resume_safe_keys": ["num_rollout", "rollout_temperature"], "rollout_temperature": 0.5}
+    merged = overrides_of([], ["rollout_temperature=0.5"])
+    assert resume_safe_list(STORED, current, merged) == ["num_rollout", "rollout_temperature"]
+    assert check_resume_config(STORED, current, str(tmp_path), merged) == {
+        "resume_safe_keys": (["num_rollout"], ["num_rollout", "rollout_temperature"]), "rollout_temperature": (1.0, 0.5)}
+    widened = overrides_of([], ["resume_safe_keys=[num_rollout,rollout_temperature]", "rollout_temperature=0.5"])
+    assert resume_safe_list(STORED, current, widened) == ["num_rollout"]
+    with pytest.raises(ConfigError, match=r"resume_safe_keys: \['num_rollout'\] -> \['num_rollout', 'rollout_temperature'\]"
+                                          r"\n  rollout_temperature: 1.0 -> 0.5"):
+        check_resume_config(STORED, current, str(tmp_path), widened)
+    assert resume_safe_list(STORED, current, None) == ["num_rollout"]
+    assert resume_safe_list({}, current, None) == ["num_rollout", "rollout_temperature"]  # a record without the key
