@@ -7,6 +7,7 @@ raises them all at once so a user fixes a config in one go.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 from typing import Any
@@ -208,9 +209,22 @@ def _advantage(cfg: dict[str, Any], out: list[str]) -> None:
                        "or advantage.rewards_normalization=false", adv.get("estimator"))
 
 
+def _follows_a_bad_batch_size(cfg: dict[str, Any]) -> bool:
+    """True when over_sampling_batch_size is the default rollout_batch_size x over_sampling_factor of
+    a rollout_batch_size that is itself refused: one error (on rollout_batch_size), not two."""
+    rbs, osb, factor = cfg.get("rollout_batch_size"), cfg.get("over_sampling_batch_size"), cfg.get("over_sampling_factor")
+    if _is_int(rbs) and rbs > 0:
+        return False
+    if isinstance(osb, str):  # the resolver's "(not numbers)" text of a non-number
+        return True
+    return _is_num(rbs) and _is_num(factor) and _is_num(osb) and osb == math.ceil(rbs * factor)
+
+
 def _sizes(cfg: dict[str, Any], out: list[str]) -> None:
     for key in _POSITIVE_INTS:
         v = cfg.get(key)
+        if key == "over_sampling_batch_size" and _follows_a_bad_batch_size(cfg):
+            continue
         if not _is_int(v) or v <= 0:
             out.append(f"{key}: expected a positive integer, got {v!r}")
     start = cfg.get("start_rollout_id")
@@ -219,7 +233,7 @@ def _sizes(cfg: dict[str, Any], out: list[str]) -> None:
     elif _is_int(cfg.get("num_rollout")) and start >= cfg["num_rollout"]:
         out.append(f"start_rollout_id: {start} must be < num_rollout ({cfg['num_rollout']}); nothing would run")
     rbs, osb = cfg.get("rollout_batch_size"), cfg.get("over_sampling_batch_size")
-    if _is_int(rbs) and _is_int(osb) and osb < rbs:
+    if _is_int(rbs) and _is_int(osb) and 0 < osb < rbs:
         out.append(f"over_sampling_batch_size: {osb} must be >= rollout_batch_size ({rbs})")
     factor = cfg.get("over_sampling_factor")
     if not _is_num(factor) or factor < 1:

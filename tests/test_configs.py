@@ -258,3 +258,25 @@ def test_the_bundled_data_named_from_another_folder_says_where_the_project_is(tm
     assert str(err.value).count(hint) == 2
     monkeypatch.setenv("PROJECT_ROOT", str(root))
     validate(compose_cfg(["paths.output_dir=out", "engine=scripted", "logger=jsonl", "eval=engine", "eval_interval=1"]))
+
+
+@pytest.mark.parametrize("overrides,expected", [
+    (["rollout_batch_size=0"], ["rollout_batch_size: expected a positive integer, got 0"]),
+    (["rollout_batch_size=-2", "dynamic_filter=nonzero_std", "over_sampling_factor=1.5"],
+     ["rollout_batch_size: expected a positive integer, got -2"]),
+    (["rollout_batch_size=abc"], ["rollout_batch_size: expected a positive integer, got 'abc'"]),
+    (["over_sampling_batch_size=0"], ["over_sampling_batch_size: expected a positive integer, got 0"]),
+    (["rollout_batch_size=0", "over_sampling_batch_size=3"],  # set apart: its own key, checked on its own
+     ["rollout_batch_size: expected a positive integer, got 0"]),
+    (["rollout_batch_size=0", "over_sampling_batch_size=-1"],
+     ["rollout_batch_size: expected a positive integer, got 0",
+      "over_sampling_batch_size: expected a positive integer, got -1"]),
+])
+def test_a_bad_batch_size_is_one_error_not_a_follow_on_of_the_derived_one(overrides, expected, workdir):
+    extra = {x.split("=")[0] for x in overrides}
+    cfg = compose_cfg([b for b in base_overrides(workdir) if b.split("=")[0] not in extra] + overrides)
+    with pytest.raises(ConfigError) as refused:
+        validate(cfg)
+    sizes = [line.strip()[2:] for line in str(refused.value).splitlines()
+             if line.strip().startswith(("- rollout_batch_size", "- over_sampling_batch_size"))]
+    assert sizes == expected

@@ -111,7 +111,10 @@ class PromptDataset:
         if not prompt or (isinstance(prompt, str) and not prompt.strip()):
             return f"prompt key {self.input_key!r} is empty ({prompt!r}); expected a prompt to generate from"
         if self.label_key is not None and row.get(self.label_key) is None:
-            return f"label key {self.label_key!r} is missing or null (label_key is set)"
+            state = "is null" if self.label_key in row else "is missing"
+            return (f"label key {self.label_key!r} {state} (row keys: {sorted(row)[:10]}); name the row's answer key "
+                    f"with data_source.label_key=<key> (eval.datasets[].label_key for an eval set), or "
+                    f"label_key=null for a reward that needs no label")
         if self.metadata_key is not None and row.get(self.metadata_key) is not None:
             meta = row[self.metadata_key]
             if isinstance(meta, str):

@@ -78,7 +78,10 @@ CASES: list[tuple[str, Callable[[Path], Any], type[Exception], str]] = [
     ("empty-message-list", lambda t: src(jsonl(t, '{"input":[{"role":"user","content":"a"}]}\n{"input":[]}\n')),
      DataError, "d.jsonl line 2: prompt key 'input' is empty ([])"),
     ("missing-label", lambda t: src(jsonl(t, '{"input":"a","label":"1"}\n{"input":"b"}\n'), label_key="label"),
-     DataError, "d.jsonl line 2: label key 'label' is missing or null"),
+     DataError, "d.jsonl line 2: label key 'label' is missing (row keys: ['input']); name the row's answer key "
+                "with data_source.label_key=<key>"),
+    ("null-label", lambda t: src(jsonl(t, '{"input":"a","answer":null}\n'), label_key="answer"),
+     DataError, "d.jsonl line 1: label key 'answer' is null (row keys: ['answer', 'input'])"),
     ("tools-bad-json", lambda t: src(jsonl(t, '{"input":"a","tools":"[{oops"}\n')), DataError,
      "d.jsonl line 1: tool key 'tools' is a string but not valid JSON"),
     ("tools-not-list", lambda t: src(jsonl(t, '{"input":"a","tools":{"name":"f"}}\n')), DataError,
