@@ -237,6 +237,21 @@ def discard_session_files(resumed: bool) -> None:
         return
     if out.is_dir() and {p.name for p in out.iterdir()} <= {".hydra", "run.log"}:
         shutil.rmtree(out, ignore_errors=True)
+        _remove_empty_parents(out)
+
+
+def _remove_empty_parents(folder: Path) -> None:
+    """Remove the folders above `folder` that are left empty, up to (not including) the working
+    directory: Hydra made `outputs/runs/` for a run that never started. Folders outside the
+    working directory are left alone."""
+    cwd = Path.cwd().resolve()
+    parent = folder.resolve().parent
+    while parent != cwd and cwd in parent.parents:
+        try:
+            parent.rmdir()  # only when empty
+        except OSError:
+            return
+        parent = parent.parent
 
 
 def _listed(changes: dict[str, tuple[Any, Any]]) -> str:

@@ -300,6 +300,14 @@ def test_invalid_commands_leave_nothing_and_run_dirs_are_unique(tmp_path):
     bad = tmp_path / "bad"
     refused = cli(*EXPERIMENT, "num_rollout=0", f"hydra.run.dir={bad}", ok=False)
     assert "num_rollout" in refused.stderr and not bad.exists()
+    # from another folder, into the default outputs/runs/<time>: no empty outputs/runs/ left there
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep").mkdir()
+    away = subprocess.run([sys.executable, str(ROOT / "run.py"), *EXPERIMENT, "num_rollout=0"], cwd=elsewhere, env=ENV,
+                          capture_output=True, text=True, timeout=120)
+    assert away.returncode != 0 and "num_rollout" in away.stderr
+    assert [p.name for p in elsewhere.iterdir()] == ["keep"]
     sweep = tmp_path / "sweep"
     cli("-m", *EXPERIMENT, "num_rollout=0", f"hydra.sweep.dir={sweep}", ok=False)
     assert not (sweep / "0").exists()
