@@ -2,7 +2,13 @@
 
 `TrainSamples` holds the rollout's samples in slime's per-sample form (token ids, response
 lengths, loss masks, rewards and per-token log-probs as lists of 1-D tensors). Optimizer steps
-take `global_batch_size` samples each (all of them when None); a step's micro-batches hold
+take `global_batch_size` samples each (all of them when None); with `rollout_ids` (samples
+sharing one are one trajectory split into several samples) `global_batch_size` rollouts each,
+every sample of a rollout in the same step, as slime's dp schedule. `rollout_weights` gives each
+sample its rollout's masked-token count in its step (slime's `rollout_mask_sums`: the
+seq-mean-token-mean denominator) and marks one sample per rollout (the seq modes' normaliser
+counts rollouts); `annotate` writes both into the train data before it is split over workers,
+so a worker's share keeps the whole step's values. A step's micro-batches hold
 `micro_batch_size` samples, or with `max_tokens_per_gpu` as many consecutive samples as fit in
 that many padded tokens (a longer sample gets a micro-batch of its own).
 `response_log_probs` runs the model on a right-padded micro-batch and returns, per sample, the
@@ -12,15 +18,16 @@ distribution) and, when asked, the entropy of that distribution at each response
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
+from pipeline.train.losses import normalizer_part
 from pipeline.train.token_log_probs import token_log_probs
 
-__all__ = ["TrainSamples", "micro_batches", "model_device", "optimizer_steps", "pad_tokens", "per_sample_log_probs",
-           "response_log_probs"]
+__all__ = ["TrainSamples", "annotate", "micro_batches", "model_device", "optimizer_steps", "pad_tokens",
+           "per_sample_log_probs", "response_log_probs", "rollout_weights"]
 
 
 @dataclass
@@ -32,6 +39,11 @@ class TrainSamples:
     loss_masks: list[torch.Tensor]
     rewards: list[float]
     rollout_log_probs: list[torch.Tensor] | None
+    # slime's rollout_ids (None: every sample its own rollout) and, per sample, its rollout's
+    # masked tokens in its step and 1 on one sample of each rollout (`rollout_weights`)
+    rollout_ids: list[int] | None = None
+    rollout_mask_sums: list[float] | None = None
+    rollout_counted: list[int] | None = None
 
     @classmethod
     def from_train_data(cls, train_data: dict[str, Any]) -> TrainSamples:
@@ -57,7 +69,33 @@ class TrainSamples:
                     raise ValueError(f"sample {i}: rollout_log_probs has {r.shape[0]} entries, "
                                      f"response_length is {n}")
         rewards = [float(r) for r in train_data["rewards"]]
-        return cls(tokens, lengths, masks, rewards, rollout_lp)
+        samples = cls(tokens, lengths, masks, rewards, rollout_lp)
+        ids = train_data.get("rollout_ids")
+        if ids is None:
+            return samples
+        samples.rollout_ids = [int(i) for i in ids]
+        if "rollout_counted" in train_data:  # annotated for its steps (a worker's share of them)
+            samples.rollout_mask_sums = [float(x) for x in train_data["rollout_mask_sums"]]
+            samples.rollout_counted = [int(x) for x in train_data["rollout_counted"]]
+            return samples
+        return samples.for_steps([list(range(len(samples)))])
+
+    def planned(self, global_batch_size: int | None) -> tuple[TrainSamples, list[list[int]]]:
+        """The optimizer steps of these samples (`optimizer_steps`) and the samples weighed for them."""
+        steps = optimizer_steps(len(self), global_batch_size, self.rollout_ids)
+        return self.for_steps(steps), steps
+
+    def normalizer_part(self, indices: list[int], loss_agg_mode: str) -> float:
+        """The samples `indices`' part of their step's normaliser (`losses.normalizer_part`)."""
+        counted = None if self.rollout_counted is None else [self.rollout_counted[i] for i in indices]
+        return normalizer_part([self.loss_masks[i] for i in indices], loss_agg_mode, counted)
+
+    def for_steps(self, steps: list[list[int]]) -> TrainSamples:
+        """These samples weighed per rollout within each of `steps` (itself without rollout ids)."""
+        if self.rollout_ids is None:
+            return self
+        sums, counted = rollout_weights(self.rollout_ids, [float(m.sum()) for m in self.loss_masks], steps)
+        return replace(self, rollout_mask_sums=sums, rollout_counted=counted)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -68,8 +106,8 @@ class TrainSamples:
         if device.type == "cpu":
             return self
         move = lambda xs: [x.to(device) for x in xs]  # noqa: E731
-        return TrainSamples(move(self.tokens), list(self.response_lengths), move(self.loss_masks), list(self.rewards),
-                            None if self.rollout_log_probs is None else move(self.rollout_log_probs))
+        return replace(self, tokens=move(self.tokens), loss_masks=move(self.loss_masks),
+                       rollout_log_probs=None if self.rollout_log_probs is None else move(self.rollout_log_probs))
 
     @property
     def total_lengths(self) -> list[int]:
@@ -79,10 +117,46 @@ class TrainSamples:
         return sum(self.total_lengths)
 
 
-def optimizer_steps(n_samples: int, global_batch_size: int | None) -> list[list[int]]:
-    """Sample indices per optimizer step, in order."""
-    size = n_samples if not global_batch_size else int(global_batch_size)
-    return [list(range(i, min(i + size, n_samples))) for i in range(0, n_samples, max(size, 1))]
+def optimizer_steps(n_samples: int, global_batch_size: int | None,
+                    rollout_ids: list[int] | None = None) -> list[list[int]]:
+    """Sample indices per optimizer step, ascending: `global_batch_size` samples each, or with
+    `rollout_ids` that many rollouts (in the order they first appear) with all their samples."""
+    if rollout_ids is None:
+        size = n_samples if not global_batch_size else int(global_batch_size)
+        return [list(range(i, min(i + size, n_samples))) for i in range(0, n_samples, max(size, 1))]
+    rollouts: dict[int, list[int]] = {}
+    for i, rid in enumerate(rollout_ids[:n_samples]):
+        rollouts.setdefault(int(rid), []).append(i)
+    groups = list(rollouts.values())
+    size = len(groups) if not global_batch_size else int(global_batch_size)
+    return [sorted(i for group in groups[k:k + size] for i in group) for k in range(0, len(groups), max(size, 1))]
+
+
+def rollout_weights(rollout_ids: list[int], mask_totals: list[float],
+                    steps: list[list[int]]) -> tuple[list[float], list[int]]:
+    """Per sample: the masked tokens of its rollout's samples in its step, and 1 on the first
+    sample of each rollout in a step (else 0). A sample in no step keeps its own count and 1."""
+    sums = [float(m) for m in mask_totals]
+    counted = [1] * len(mask_totals)
+    for step in steps:
+        rollouts: dict[int, list[int]] = {}
+        for i in step:
+            rollouts.setdefault(int(rollout_ids[i]), []).append(i)
+        for members in rollouts.values():
+            total = float(sum(mask_totals[i] for i in members))
+            for k, i in enumerate(members):
+                sums[i], counted[i] = total, int(k == 0)
+    return sums, counted
+
+
+def annotate(train_data: dict[str, Any], steps: list[list[int]]) -> dict[str, Any]:
+    """A copy of `train_data` with `rollout_weights` as its per-sample `rollout_mask_sums` and
+    `rollout_counted` (`train_data` itself when it has no `rollout_ids`)."""
+    if train_data.get("rollout_ids") is None:
+        return train_data
+    totals = [float(sum(m)) for m in train_data["loss_masks"]]
+    sums, counted = rollout_weights(list(train_data["rollout_ids"]), totals, steps)
+    return {**train_data, "rollout_mask_sums": sums, "rollout_counted": counted}
 
 
 def micro_batches(indices: list[int], total_lengths: list[int], micro_batch_size: int,

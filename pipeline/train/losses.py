@@ -13,7 +13,11 @@ flat tensor (sample i contributes `response_lengths[i]` entries), per-sample val
   clamped to [-10, 10]), optionally importance-weighted (`use_unbiased_kl`).
 - `vanilla_tis_function`: truncated importance sampling between the trainer's (old) log-probs and
   the rollout engine's: the pg loss times `clamp(exp(train - rollout), tis_clip_low, tis_clip)`;
-  the signature is slime's `--custom-tis-function-path` one.
+  the signature is slime's `--custom-tis-function-path` one. `icepop_function` (slime's
+  `icepop_function`, chosen by that path): the weight is the ratio itself inside
+  `[tis_clip_low, tis_clip]`, 0 outside (those tokens drop out).
+- `compute_opsm_mask`: off-policy sequence masking (slime's `--use-opsm`): 0 on every token of a
+  sample whose masked mean of `old - new` exceeds `opsm_delta`, where the advantage is negative.
 - `sample_mean_reducer` / `batch_normalizer`: the aggregation (`loss_agg_mode`). A reducer maps a
   flat per-token tensor of one micro-batch to a sum; dividing the sum over micro-batches by the
   global batch's normalizer gives the loss, whatever the micro-batch split:
@@ -21,8 +25,15 @@ flat tensor (sample i contributes `response_lengths[i]` entries), per-sample val
   | mode                    | per-sample term                | normalizer                      |
   |-------------------------|--------------------------------|---------------------------------|
   | token-mean              | sum_t m x                      | sum_i max(sum_t m_i, 1)         |
-  | seq-mean-token-mean     | sum_t m x / max(sum_t m, 1)    | number of samples               |
-  | seq-mean-token-sum-norm | sum_t m x / loss_agg_norm_len  | number of samples (Dr. GRPO)    |
+  | seq-mean-token-mean     | sum_t m x / max(D_i, 1)        | number of rollouts              |
+  | seq-mean-token-sum-norm | sum_t m x / loss_agg_norm_len  | number of rollouts (Dr. GRPO)   |
+
+  D_i (`sample_denoms`, slime's `rollout_mask_sums`) is the masked-token count of every sample of
+  sample i's rollout in its step (its own count when each sample is its own rollout), and the
+  seq modes count each rollout once (`counted`: 1 on one sample of each rollout): a trajectory
+  split into several samples sharing a `rollout_id` is one token-weighted mean, as in slime.
+  The weights are built in the input's precision (float32 at least: an integer metric is not
+  truncated, a float64 one keeps float64).
 
   token-mean is slime's `--calculate-per-token-loss`, seq-mean-token-mean slime's default
   (`sum_of_sample_mean` scaled by 1 / global_batch_size), seq-mean-token-sum-norm Dr. GRPO's
@@ -45,7 +56,9 @@ __all__ = [
     "compute_approx_kl",
     "compute_cispo_loss",
     "compute_gspo_kl",
+    "compute_opsm_mask",
     "compute_policy_loss",
+    "icepop_function",
     "sample_mean_reducer",
     "vanilla_tis_function",
 ]
@@ -151,45 +164,104 @@ def vanilla_tis_function(
     return pg_loss * weights, loss_masks, metrics
 
 
+def icepop_function(
+    args: Any,
+    *,
+    pg_loss: torch.Tensor,
+    train_log_probs: list[torch.Tensor],
+    rollout_log_probs: list[torch.Tensor],
+    loss_masks: list[torch.Tensor],
+    **kwargs: Any,
+) -> tuple[torch.Tensor, list[torch.Tensor], dict[str, torch.Tensor]]:
+    """IcePop: `pg_loss * r` where `r = exp(train - rollout)` lies in `[args.tis_clip_low,
+    args.tis_clip]`, 0 elsewhere; loss_masks unchanged, metrics as `vanilla_tis_function`'s."""
+    ratio = torch.exp(torch.cat(train_log_probs) - torch.cat(rollout_log_probs))
+    inside = (ratio >= args.tis_clip_low) & (ratio <= args.tis_clip)
+    weights = torch.where(inside, ratio, torch.zeros_like(ratio))
+    metrics = {
+        "tis": ratio.detach(),
+        "tis_clipfrac": (weights != ratio).float().detach(),
+        "tis_abs": (ratio - 1.0).abs().detach(),
+    }
+    return pg_loss * weights, loss_masks, metrics
+
+
+def compute_opsm_mask(
+    args: Any,
+    full_log_probs: list[torch.Tensor],
+    full_old_log_probs: list[torch.Tensor],
+    advantages: list[torch.Tensor],
+    loss_masks: list[torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(per-token keep mask, concatenated; slime's count of masked sequences: per sample its
+    masked tokens over its loss-mask tokens, summed). A token is dropped where its advantage
+    is negative and its sample's masked mean of `old - new` exceeds `args.opsm_delta`."""
+    keep, fractions = [], []
+    for new, old, advantage, mask in zip(full_log_probs, full_old_log_probs, advantages, loss_masks, strict=True):
+        tokens = mask.sum().clamp_min(1)
+        drifted = ((old - new).detach() * mask).sum() / tokens > args.opsm_delta
+        dropped = ((advantage < 0) & drifted).to(new.dtype)
+        fractions.append(dropped.sum() / tokens)
+        keep.append(1.0 - dropped)
+    if not keep:
+        return torch.zeros(0), torch.zeros(())
+    return torch.cat(keep), torch.stack(fractions).sum()
+
+
 def sample_mean_reducer(
     response_lengths: list[int],
     loss_masks: list[torch.Tensor],
     loss_agg_mode: str,
     loss_agg_norm_len: int | None = None,
+    sample_denoms: list[float] | None = None,
 ) -> Reducer:
     """`x -> sum_i term_i(x)` over one micro-batch's flat per-token tensor (table in the module
-    docstring); `loss_agg_norm_len` is the constant length of seq-mean-token-sum-norm."""
+    docstring); `loss_agg_norm_len` is the constant length of seq-mean-token-sum-norm,
+    `sample_denoms` the per-sample denominators D_i of seq-mean-token-mean (None: each sample's
+    own masked-token count). The sum is in x's precision, float32 at least."""
     if loss_agg_mode not in LOSS_AGG_MODES:
         raise ValueError(f"loss_agg_mode must be one of {list(LOSS_AGG_MODES)}, got {loss_agg_mode!r}")
     lengths = [int(m.shape[0]) for m in loss_masks]
     if lengths != [int(n) for n in response_lengths]:
         raise ValueError(f"loss_masks lengths {lengths} differ from response_lengths {list(response_lengths)}")
+    if sample_denoms is not None and len(sample_denoms) != len(loss_masks):
+        raise ValueError(f"sample_denoms has {len(sample_denoms)} entries for {len(loss_masks)} samples")
+    if loss_agg_mode == "seq-mean-token-sum-norm" and loss_masks and (
+            loss_agg_norm_len is None or loss_agg_norm_len <= 0):
+        raise ValueError(f"seq-mean-token-sum-norm needs a positive loss_agg_norm_len, got {loss_agg_norm_len}")
     if not loss_masks:
         return lambda x: x.sum() * 0.0
-    masks = [m.float() for m in loss_masks]
-    if loss_agg_mode == "token-mean":
-        weights = torch.cat(masks)
-    elif loss_agg_mode == "seq-mean-token-mean":
-        weights = torch.cat([m / m.sum().clamp_min(1.0) for m in masks])
-    else:
-        if loss_agg_norm_len is None or loss_agg_norm_len <= 0:
-            raise ValueError(f"seq-mean-token-sum-norm needs a positive loss_agg_norm_len, got {loss_agg_norm_len}")
-        weights = torch.cat(masks) / float(loss_agg_norm_len)
+    cache: dict[torch.dtype, torch.Tensor] = {}
+
+    def weights(dtype: torch.dtype) -> torch.Tensor:
+        if dtype not in cache:
+            masks = [m.to(dtype) for m in loss_masks]
+            if loss_agg_mode == "token-mean":
+                cache[dtype] = torch.cat(masks)
+            elif loss_agg_mode == "seq-mean-token-mean":
+                denoms = ([m.sum() for m in masks] if sample_denoms is None
+                          else [m.new_tensor(float(d)) for d, m in zip(sample_denoms, masks)])
+                cache[dtype] = torch.cat([m / d.clamp_min(1.0) for m, d in zip(masks, denoms)])
+            else:
+                cache[dtype] = torch.cat(masks) / float(loss_agg_norm_len)  # type: ignore[arg-type]
+        return cache[dtype]
 
     def reduce(x: torch.Tensor) -> torch.Tensor:
-        return (x * weights.to(x.dtype)).sum()
+        # (an integer or bool x is promoted to the weights' float32 by the product)
+        return (x * weights(torch.promote_types(x.dtype, torch.float32))).sum()
 
     return reduce
 
 
-def normalizer_part(loss_masks: list[torch.Tensor], loss_agg_mode: str) -> float:
+def normalizer_part(loss_masks: list[torch.Tensor], loss_agg_mode: str, counted: list[int] | None = None) -> float:
     """These samples' part of the batch normalizer: additive, so a batch split over workers sums
-    its parts (0 for no samples)."""
+    its parts (0 for no samples). token-mean: masked tokens per sample (at least 1); the seq
+    modes: rollouts, `counted` marking one sample of each (None: every sample its own)."""
     if loss_agg_mode == "token-mean":
         return float(sum(max(float(m.sum()), 1.0) for m in loss_masks))
-    return float(len(loss_masks))
+    return float(len(loss_masks) if counted is None else sum(int(c) for c in counted))
 
 
-def batch_normalizer(loss_masks: list[torch.Tensor], loss_agg_mode: str) -> float:
+def batch_normalizer(loss_masks: list[torch.Tensor], loss_agg_mode: str, counted: list[int] | None = None) -> float:
     """The global batch's divisor for the summed reducer outputs (module docstring)."""
-    return max(normalizer_part(loss_masks, loss_agg_mode), 1.0)
+    return max(normalizer_part(loss_masks, loss_agg_mode, counted), 1.0)

@@ -1,11 +1,25 @@
 """One micro-batch's policy loss and metrics, in the order slime's `policy_loss_function` uses.
 
-ppo_kl (old - new; GSPO: per-sequence mean) -> pg loss (PPO-clip / CISPO) -> optional TIS weights
-(default or custom `fn(args, *, pg_loss, train_log_probs, rollout_log_probs, loss_masks, ...)`)
--> reduce pg loss (default or custom pg-loss reducer) -> minus entropy_coef * entropy -> plus
-kl_loss_coef * KL to the reference. Every returned value is a reducer sum; the trainer divides
-by the global batch's normalizer (`losses.batch_normalizer`), so the sum over micro-batches is
-the batch's mean.
+ppo_kl (old - new; GSPO: per-sequence mean) -> pg loss (PPO-clip / CISPO) -> optional OPSM mask
+(`use_opsm`) -> optional TIS weights (default or custom `fn(args, *, pg_loss, train_log_probs,
+rollout_log_probs, loss_masks, ...)`) -> reduce pg loss (default or custom pg-loss reducer) ->
+minus entropy_coef * entropy -> plus kl_loss_coef * KL to the reference. Every returned value is
+a reducer sum; the trainer divides by the global batch's normalizer (`losses.batch_normalizer`),
+so the sum over micro-batches is the batch's mean.
+
+Masks a TIS hook returns (rejection sampling) replace the loss masks for the pg loss and every
+later term and metric, as slime rebuilds its reducer: the reducer is rebuilt on them with the
+original denominators (the batch's `rollout_mask_sums`, else the original masks' counts); the
+hook's own metrics and `ois` keep the original masks.
+
+Where this departs from slime (README, "Porting from slime"):
+- `kl_loss_coef` 0: the KL is a metric only, computed without gradient and left out of the loss;
+  slime adds 0 x KL, which is NaN when the KL overflows (inf), so a run's loss turns NaN.
+- `get_mismatch_metrics` without `use_tis` reports the TIS function's metrics and `ois` and
+  leaves the loss alone, as slime's guide says; slime's code applies that function's weights
+  and masks too. It needs no custom TIS function (the built-in one's metrics; slime asks for one).
+- `opsm_clipfrac` is reduced like every metric (the share of masked tokens under
+  `loss_agg_mode`); slime sums the per-sample shares and divides by the sample count.
 """
 
 from __future__ import annotations
@@ -19,7 +33,9 @@ from pipeline.train.losses import (
     compute_approx_kl,
     compute_cispo_loss,
     compute_gspo_kl,
+    compute_opsm_mask,
     compute_policy_loss,
+    sample_mean_reducer,
     vanilla_tis_function,
 )
 
@@ -37,6 +53,8 @@ class MicroBatch:
     old_log_probs: list[torch.Tensor]
     ref_log_probs: list[torch.Tensor] | None
     rollout_log_probs: list[torch.Tensor] | None
+    # per sample the masked tokens of its rollout in its step (slime's key; None: its own)
+    rollout_mask_sums: list[float] | None = None
 
 
 @dataclass
@@ -63,19 +81,34 @@ def policy_loss(args: Any, batch: MicroBatch, log_probs: list[torch.Tensor], ent
     if estimator == "cispo":
         pg_loss, clipfrac = compute_cispo_loss(ppo_kl, flat_log_probs, advantages, args.eps_clip, eps_clip_high)
     else:
-        pg_loss, clipfrac = compute_policy_loss(ppo_kl, advantages, args.eps_clip, eps_clip_high, args.eps_clip_c)
+        pg_loss, clipfrac = compute_policy_loss(ppo_kl, advantages, args.eps_clip, eps_clip_high,
+                                                eps_clip_c=args.eps_clip_c)
 
     metrics: dict[str, torch.Tensor] = {}
+    if args.use_opsm:
+        keep, _ = compute_opsm_mask(args, log_probs, batch.old_log_probs, batch.advantages, batch.loss_masks)
+        pg_loss = pg_loss * keep
+        metrics["opsm_clipfrac"] = reduce(1.0 - keep)
     masks = batch.loss_masks
-    if args.use_tis:
+    if args.use_tis or args.get_mismatch_metrics:
         if batch.rollout_log_probs is None:
-            raise ValueError("use_tis needs rollout_log_probs in the train data (the engine's log-probs)")
+            key = "use_tis" if args.use_tis else "get_mismatch_metrics"
+            raise ValueError(f"{key} needs rollout_log_probs in the train data (the engine's log-probs)")
+        # the trainer's log-probs: the old ones (the current ones when the old are the rollout's)
+        train_log_probs = log_probs if args.use_rollout_logprobs else batch.old_log_probs
         tis_fn = hooks.tis or vanilla_tis_function
-        pg_loss, masks, tis_metrics = tis_fn(
-            args, pg_loss=pg_loss, train_log_probs=[lp.detach() for lp in batch.old_log_probs],
+        weighted, tis_masks, tis_metrics = tis_fn(
+            args, pg_loss=pg_loss, train_log_probs=[lp.detach() for lp in train_log_probs],
             rollout_log_probs=batch.rollout_log_probs, loss_masks=batch.loss_masks,
             total_lengths=batch.total_lengths, response_lengths=batch.response_lengths)
         metrics.update({k: reduce(v.detach()) for k, v in tis_metrics.items()})
+        metrics["ois"] = reduce(torch.exp(-ppo_kl).detach())
+        if args.use_tis:
+            pg_loss, masks = weighted, tis_masks
+        if masks is not batch.loss_masks:  # rejected tokens leave every later term
+            denoms = batch.rollout_mask_sums or [float(m.sum()) for m in batch.loss_masks]
+            reduce = sample_mean_reducer(batch.response_lengths, masks, args.loss_agg_mode, args.loss_agg_norm_len,
+                                         sample_denoms=denoms)
 
     if hooks.pg_loss_reducer is not None:
         pg_reduce = hooks.pg_loss_reducer(batch.total_lengths, batch.response_lengths, masks,
@@ -89,8 +122,8 @@ def policy_loss(args: Any, batch: MicroBatch, log_probs: list[torch.Tensor], ent
     if args.use_kl_loss:
         if batch.ref_log_probs is None:
             raise ValueError("use_kl_loss needs the reference model's log-probs")
-        # kl_loss_coef 0: the KL is a metric only, computed without gradient (as slime does, so a
-        # non-finite KL cannot reach the policy's gradient)
+        # kl_loss_coef 0: the KL is a metric only, computed without gradient and left out of the
+        # loss, so a non-finite KL cannot reach it (a departure: slime adds 0 x KL, module docstring)
         with_grad = float(args.kl_loss_coef) != 0.0
         current = flat_log_probs if with_grad else flat_log_probs.detach()
         ratio = torch.exp(current - torch.cat(batch.old_log_probs)) if args.use_unbiased_kl else None

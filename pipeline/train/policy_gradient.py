@@ -8,7 +8,7 @@
    value; with one step per rollout this saves a third of the trainer's compute);
 2. advantages: each sample's post-processed reward on every response token (slime's GRPO-family
    returns), or a custom `fn(args, rollout_data) -> None` setting rollout_data["advantages"];
-3. per optimizer step (`global_batch_size` samples; all when null): gradient accumulation over
+3. per optimizer step (`global_batch_size` rollouts, batches.py; all when null): accumulation over
    micro-batches (`micro_batch_size` samples, or `max_tokens_per_gpu` padded tokens with
    `use_dynamic_batch_size`), loss `pipeline.train.objective.policy_loss` (or slime's custom
    `fn(args, batch, logits, sum_of_sample_mean)` with `loss_type: custom_loss`), gradient
@@ -35,7 +35,7 @@ from pipeline.precision import resolve_bf16
 from pipeline.train import batches, model as policy_model
 from pipeline.train.distributed import shards
 from pipeline.train.distributed.shards import load_sharded
-from pipeline.train.losses import KL_LOSS_TYPES, LOSS_AGG_MODES, normalizer_part, sample_mean_reducer
+from pipeline.train.losses import KL_LOSS_TYPES, LOSS_AGG_MODES, sample_mean_reducer
 from pipeline.train.objective import LossHooks, MicroBatch, policy_loss
 from pipeline.train.optim import LrSchedule, make_adamw
 from pipeline.train.parallel import LocalParallel, Parallel
@@ -188,11 +188,11 @@ class PolicyGradientTrainer:
         start = time.perf_counter()
         torch.set_num_threads(int(self.keys["num_threads"]))
         samples = batches.TrainSamples.from_train_data(train_data).to(self.device)
-        if steps is None:
+        if steps is None:  # (a worker's steps come with train data annotated for them: batches.annotate)
             if not len(samples):
                 logger.warning("rollout %d: no train samples; the trainer skips this rollout", rollout_id)
                 return {}
-            steps = batches.optimizer_steps(len(samples), self.keys["global_batch_size"])
+            samples, steps = samples.planned(self.keys["global_batch_size"])
         sums: dict[str, float] = {}
         prepared = self.prepare(samples, first_step=steps[0])  # (steps has one step at least)
         for indices in steps:
@@ -303,10 +303,9 @@ class PolicyGradientTrainer:
         """Loss and metrics of the samples `indices` (one optimizer step; this worker's share
         of it), as shares of the whole step's batch means; gradients accumulate into the
         parameters when `backward`."""
-        s = prepared.samples
-        mode = self.keys["loss_agg_mode"]
+        s, mode = prepared.samples, self.keys["loss_agg_mode"]
         # the whole step's normaliser: every worker's part of it, summed
-        normalizer = max(self.parallel.total([normalizer_part([s.loss_masks[i] for i in indices], mode)])[0], 1.0)
+        normalizer = max(self.parallel.total([s.normalizer_part(indices, mode)])[0], 1.0)
         scale = self.parallel.grad_scale / normalizer
         totals: dict[str, float] = {}
         # the custom loss reads the logits of one plain forward
@@ -315,7 +314,7 @@ class PolicyGradientTrainer:
         for j, (mb, passes) in enumerate(plan):
             batch, tokens = _empty_micro_batch(prepared, self.device) if mb is None else self._micro_batch(prepared, mb)
             reduce = sample_mean_reducer(batch.response_lengths, batch.loss_masks, mode,
-                                         self.keys["loss_agg_norm_len"])
+                                         self.keys["loss_agg_norm_len"], batch.rollout_mask_sums)
             with self.parallel.micro_batch_sync(last=j == len(plan) - 1):
                 loss, metrics = self.parallel.train_forward(self.model, self._micro_batch_loss, batch, tokens,
                                                             reduce, passes)
@@ -334,7 +333,8 @@ class PolicyGradientTrainer:
             loss_masks=[s.loss_masks[i] for i in mb], advantages=[prepared.advantages[i] for i in mb],
             old_log_probs=[prepared.old_log_probs[i] for i in mb],  # type: ignore[misc]
             ref_log_probs=None if prepared.ref_log_probs is None else [prepared.ref_log_probs[i] for i in mb],
-            rollout_log_probs=None if s.rollout_log_probs is None else [s.rollout_log_probs[i] for i in mb])
+            rollout_log_probs=None if s.rollout_log_probs is None else [s.rollout_log_probs[i] for i in mb],
+            rollout_mask_sums=None if s.rollout_mask_sums is None else [s.rollout_mask_sums[i] for i in mb])
         return batch, [s.tokens[i] for i in mb]
 
     def _micro_batch_loss(self, model: Any, batch: MicroBatch, tokens: list[torch.Tensor],
@@ -364,7 +364,7 @@ class PolicyGradientTrainer:
             "response_lengths": batch.response_lengths, "loss_masks": batch.loss_masks,
             "advantages": batch.advantages, "log_probs": batch.old_log_probs,
             "ref_log_probs": batch.ref_log_probs, "rollout_log_probs": batch.rollout_log_probs,
-        }
+            "rollout_mask_sums": batch.rollout_mask_sums}
         return self._hooks["custom_loss_function_path"](self.args, slime_batch, packed, reduce)
 
     # -- weights and state ----------------------------------------------------------------------

@@ -24,9 +24,9 @@ _CHOICES = {"kl_loss_type": KL_LOSS_TYPES, "loss_agg_mode": LOSS_AGG_MODES, "lr_
             "loss_type": ("policy_loss", "custom_loss")}
 _POSITIVE_INTS = ("micro_batch_size", "num_threads")
 _BOOLEANS = ("fsdp_reshard_after_forward", "share_prompt_forward", "use_dynamic_batch_size", "use_kl_loss",
-             "use_unbiased_kl", "use_rollout_logprobs", "use_tis")
+             "use_unbiased_kl", "use_rollout_logprobs", "use_tis", "use_opsm", "get_mismatch_metrics")
 _NON_NEGATIVE = ("lr", "min_lr", "weight_decay", "clip_grad", "eps_clip", "entropy_coef", "kl_loss_coef",
-                 "tis_clip_low", "lr_warmup_iters", "lora_rank")
+                 "tis_clip_low", "lr_warmup_iters", "lora_rank", "opsm_delta")
 # where it trains (trainer.num_workers > 1: Ray workers in one torch.distributed process group)
 _WHERE_CHOICES = {"strategy": ("fsdp2", "ddp"), "device": devices.DEVICES, "backend": devices.BACKENDS,
                   "placement_strategy": ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"),

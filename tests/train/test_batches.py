@@ -188,3 +188,78 @@ def test_the_forward_runs_under_autocast_only_when_asked_and_in_the_dtype_asked(
     assert model.autocast[0] is (dtype is not None)
     if dtype is not None:
         assert model.autocast[1] == dtype
+
+
+# -- issue 31: samples sharing a rollout_id (one trajectory split into several samples) --
+
+def test_optimizer_steps_take_global_batch_size_rollouts_keeping_a_rollouts_samples_together():
+    # slime's dp schedule: a step holds global_batch_size rollouts (first-seen order), all their samples
+    assert optimizer_steps(5, 2, rollout_ids=[0, 0, 1, 2, 2]) == [[0, 1, 2], [3, 4]]
+    assert optimizer_steps(4, 1, rollout_ids=[7, 3, 7, 3]) == [[0, 2], [1, 3]]
+    assert optimizer_steps(3, None, rollout_ids=[0, 0, 1]) == [[0, 1, 2]]
+    assert optimizer_steps(3, 2, rollout_ids=[4, 5, 6]) == optimizer_steps(3, 2) == [[0, 1], [2]]
+    assert optimizer_steps(0, 2, rollout_ids=[]) == []
+
+
+def test_rollout_weights_are_per_step_mask_totals_and_one_count_per_rollout():
+    from pipeline.train.batches import rollout_weights
+
+    # rollout 0: samples 0, 1 (2 + 2 masked tokens); rollout 1: samples 2, 3 (0 + 1)
+    sums, counted = rollout_weights([0, 0, 1, 1], [2, 2, 0, 1], [[0, 1, 2, 3]])
+    assert sums == [4.0, 4.0, 1.0, 1.0] and counted == [1, 0, 1, 0]
+    # a rollout's samples in two steps (explicit steps): each step counts its part once
+    sums, counted = rollout_weights([0, 0, 1], [2, 3, 1], [[0], [1, 2]])
+    assert sums == [2.0, 3.0, 1.0] and counted == [1, 1, 1]
+
+
+def test_samples_read_the_rollout_ids_and_weigh_them_as_one_step_or_as_annotated():
+    from pipeline.train.batches import annotate
+
+    data = train_data(tokens=[[5, 6, 7], [5, 8, 9, 10], [1, 2]], response_lengths=[1, 2, 1],
+                      loss_masks=[[1], [1, 1], [1]], rewards=[1, 0.5, 0], rollout_log_probs=None, rollout_ids=[3, 3, 4])
+    s = TrainSamples.from_train_data(data)
+    assert s.rollout_ids == [3, 3, 4] and s.rollout_mask_sums == [3.0, 3.0, 1.0] and s.rollout_counted == [1, 0, 1]
+    # one rollout per step: each step weighs its own samples
+    per_step = s.for_steps([[0], [1], [2]])
+    assert per_step.rollout_mask_sums == [1.0, 2.0, 1.0] and per_step.rollout_counted == [1, 1, 1]
+    # a worker's slice of annotated train data keeps the whole step's weights
+    whole = annotate(data, [[0, 1, 2]])
+    part = {k: (v[1:] if isinstance(v, list) else v) for k, v in whole.items()}
+    sliced = TrainSamples.from_train_data(part)
+    assert sliced.rollout_mask_sums == [3.0, 1.0] and sliced.rollout_counted == [0, 1]
+    assert "rollout_counted" not in data  # annotate copies
+    plain = TrainSamples.from_train_data(train_data())
+    assert plain.rollout_ids is None and plain.rollout_mask_sums is None and plain.rollout_counted is None
+    assert annotate(train_data(), [[0, 1]]) == train_data()
+
+
+def test_workers_shares_of_a_step_add_up_to_the_one_process_loss_sums_and_normaliser():
+    # the distributed trainer's normalisers are the whole step's: split a step with rollouts
+    # over 2 workers (plan_shares) and the parts add up to the one-process numbers
+    from pipeline.train.batches import annotate
+    from pipeline.train.distributed.split import plan_shares, prompt_keys, slice_train_data
+    from pipeline.train.losses import normalizer_part, sample_mean_reducer
+
+    tokens = [[1, 2, 3], [1, 2, 4, 5], [6, 7, 8, 9, 9], [6, 7, 8, 1], [3, 3, 1], [3, 3, 2, 2, 2, 2]]
+    lengths = [1, 2, 2, 1, 1, 4]
+    data = {"tokens": tokens, "response_lengths": lengths, "loss_masks": [[1] * n for n in lengths],
+            "rewards": [0.0] * 6, "rollout_ids": [0, 1, 1, 2, 0, 2]}
+    steps = optimizer_steps(6, None, data["rollout_ids"])
+    annotated = annotate(data, steps)
+    values = [torch.arange(n, dtype=torch.float64) + 1 for n in lengths]
+    mode = "seq-mean-token-mean"
+
+    def sums(samples, values):
+        reduce = sample_mean_reducer(samples.response_lengths, samples.loss_masks, mode,
+                                     sample_denoms=samples.rollout_mask_sums)
+        return (reduce(torch.cat(values)).item() if values else 0.0,
+                normalizer_part(samples.loss_masks, mode, samples.rollout_counted))
+
+    whole = sums(TrainSamples.from_train_data(annotated), values)
+    assert whole[1] == 3.0  # three rollouts
+    shares = plan_shares(steps, [len(t) for t in tokens], prompt_keys(tokens, lengths), 2)
+    parts = [sums(TrainSamples.from_train_data(slice_train_data(annotated, s.samples, 6)),
+                  [values[i] for i in s.samples]) for s in shares]
+    assert all(s.samples for s in shares)
+    assert sum(p[0] for p in parts) == pytest.approx(whole[0], rel=1e-15)
+    assert sum(p[1] for p in parts) == whole[1]

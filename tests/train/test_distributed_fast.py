@@ -1192,6 +1192,23 @@ def test_train_shares_each_step_by_tokens_and_reports_rank_zeros_metrics(caplog)
     assert results[0] == {"train/loss": 0.5, "train/lr": 1e-3}  # rank 0's dict is not changed
 
 
+def test_train_keeps_a_rollouts_samples_in_one_step_and_hands_each_worker_the_whole_steps_weights():
+    # rollout ids: samples 0 and 4 are one rollout (as are 3 and 5): one step of 2 rollouts holds both
+    d, g = canned(results={"train": lambda per_rank: [{}, {}]}, global_batch_size=2)
+    d.train(0, {**grpo_data(), "rollout_ids": [0, 1, 1, 2, 0, 2]})
+    (_, per_rank), = g.calls
+    by_sample = {}
+    for _, data, steps in per_rank:
+        for j, tokens in enumerate(data["tokens"]):
+            by_sample[tuple(tokens)] = (data["rollout_ids"][j], data["rollout_mask_sums"][j], data["rollout_counted"][j])
+        assert len(steps) == 2
+    tokens = grpo_data()["tokens"]
+    # masked tokens: rollout 0 = 1 + 1, rollout 1 = 2 + 2, rollout 2 = 1 + 4; one sample of each counted
+    assert [by_sample[tuple(t)][:2] for t in tokens] == [(0, 2.0), (1, 4.0), (1, 4.0), (2, 5.0), (0, 2.0), (2, 5.0)]
+    assert sorted(by_sample[tuple(t)][2] for t in tokens) == [0, 0, 0, 1, 1, 1]
+    assert d.optimizer_step == 2
+
+
 def test_train_without_samples_skips_the_rollout(caplog):
     d, g = canned()
     assert d.train(7, {"tokens": [], "response_lengths": []}) == {} and g.calls == []

@@ -3,11 +3,13 @@ log-probs feed which term, in which order, with which sign, and what carries a g
 Expected values are worked out here with `math`, never by calling the code under test."""
 
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+from pipeline.train.losses import sample_mean_reducer
 from pipeline.train.objective import LossHooks, MicroBatch, policy_loss
 
 LN2 = math.log(2.0)
@@ -18,7 +20,8 @@ def args(**overrides):
     keys = dict(advantage_estimator="grpo", eps_clip=0.2, eps_clip_high=None, eps_clip_c=None, use_tis=False,
                 tis_clip=2.0, tis_clip_low=0.0, loss_agg_mode="seq-mean-token-mean", entropy_coef=0.0,
                 use_kl_loss=False, kl_loss_coef=0.0, kl_loss_type="k1", use_unbiased_kl=False,
-                use_rollout_logprobs=False)
+                use_rollout_logprobs=False, loss_agg_norm_len=None, use_opsm=False, opsm_delta=1e-4,
+                get_mismatch_metrics=False)
     keys.update(overrides)
     return SimpleNamespace(**keys)
 
@@ -206,7 +209,7 @@ def test_custom_tis_and_pg_loss_reducer_hooks_get_slimes_arguments():
     # pg: ratios exp(ln2 - 0.5), 1, 1 with A = 1 -> -(e^(ln2 - 0.5) + 2), times 3 (TIS hook), times 10 (reducer)
     assert metrics["pg_loss"].item() == pytest.approx(-30.0 * (2.0 * math.exp(-0.5) + 2.0))
     assert metrics["my_tis"].item() == pytest.approx(3.0)  # hook metrics go through the plain reducer
-    assert metrics["entropy"].item() == pytest.approx(3.0)
+    assert metrics["entropy"].item() == 0.0  # the hook rejected every token: later terms see none
     policy_loss(args(loss_agg_mode="seq-mean-token-mean"), b, log_probs, entropy, total,
                 LossHooks(pg_loss_reducer=reducer))
     assert seen["reducer"]["per_token"] is False and seen["reducer"]["masks"] == [[1.0, 1.0], [1.0]]
@@ -235,8 +238,84 @@ def test_the_loss_carries_the_gradient_and_the_metrics_do_not():
                                 log_probs, entropy, total, LossHooks())
     assert {name for name, m in metrics.items() if m.requires_grad} == set()
     assert set(metrics) == {"loss", "pg_loss", "pg_clipfrac", "kl", "entropy", "kl_loss", "tis", "tis_clipfrac",
-                            "tis_abs", "train_rollout_logprob_abs_diff"}
+                            "tis_abs", "ois", "train_rollout_logprob_abs_diff"}
     assert metrics["loss"].item() == pytest.approx(loss.item())
     loss.backward()
     assert log_probs[0].grad.tolist() == pytest.approx([-1.0 + 0.1, 2.0 + 0.1])
     assert entropy[0].grad.tolist() == pytest.approx([-0.5, -0.5])
+
+
+# -- issue 31: masks a TIS hook returns, OPSM, mismatch metrics, the kl_loss_coef=0 departure --
+
+def test_tokens_a_tis_hook_rejects_leave_every_later_term():
+    # slime rebuilds its reducer with the masks the TIS hook returns (denominators stay the
+    # original masks'): pg loss, entropy, KL and the metrics no longer see rejected tokens; the
+    # hook's own metrics (and ois) are reduced with the original masks
+    def reject_second_token(a, *, pg_loss, loss_masks, **_):
+        masks = [m.clone() for m in loss_masks]
+        masks[0][1] = 0.0
+        return pg_loss, masks, {"kept": torch.cat(masks)}
+
+    log_probs = new_log_probs([0.0, 0.0], [0.0])
+    entropy = [torch.tensor([1.0, 3.0], dtype=torch.float64, requires_grad=True),
+               torch.tensor([2.0], dtype=torch.float64, requires_grad=True)]
+    b = batch([[1.0, 1.0], [1.0]], old=[[0.0, 0.0], [0.0]], ref=[[-1.0, -3.0], [0.0]], rollout=[[0.0, 0.0], [0.0]])
+    reduce = sample_mean_reducer(b.response_lengths, b.loss_masks, "seq-mean-token-mean")
+    a = args(use_tis=True, use_kl_loss=True, kl_loss_coef=0.5, entropy_coef=0.1)
+    loss, metrics = policy_loss(a, b, log_probs, entropy, reduce, LossHooks(tis=reject_second_token))
+    # ratio 1, A = 1: -1 per kept token; sample 0 keeps token 0 of its 2, sample 1 its one token
+    assert metrics["pg_loss"].item() == pytest.approx(-1 / 2 - 1)
+    assert metrics["entropy"].item() == pytest.approx(1 / 2 + 2)
+    assert metrics["kl_loss"].item() == pytest.approx(1 / 2 + 0)  # k1: new - ref = 1 on token 0 (3 on token 1)
+    assert metrics["kept"].item() == pytest.approx(1 / 2 + 1)
+    assert metrics["ois"].item() == pytest.approx(1 + 1)
+    loss.backward()
+    assert log_probs[0].grad[1].item() == 0.0 and entropy[0].grad[1].item() == 0.0
+    assert log_probs[0].grad[0].item() == pytest.approx(-1 / 2 + 0.5 / 2)  # pg -A/2, KL coef/2
+    assert entropy[0].grad[0].item() == pytest.approx(-0.1 / 2)
+
+
+def test_opsm_drops_negative_advantage_sequences_that_drifted_from_the_old_policy():
+    # sequence KL (old - new, masked mean): sample 0: 0.5 with A < 0 (masked), sample 1: 0.5 with
+    # A > 0 (kept), sample 2: 0.5 with A < 0 but delta 0.6 in the second call (kept)
+    log_probs = new_log_probs([-0.5, -0.5], [-0.5], [-0.5])
+    b = batch([[-1.0, -1.0], [1.0], [-1.0]], old=[[0.0, 0.0], [0.0], [0.0]])
+    plain, _ = policy_loss(args(eps_clip=10.0), b, log_probs, zero_entropy(log_probs), total, LossHooks())
+    loss, metrics = policy_loss(args(eps_clip=10.0, use_opsm=True, opsm_delta=0.1), b, log_probs,
+                                zero_entropy(log_probs), total, LossHooks())
+    r = math.exp(-0.5)  # ratio new/old
+    assert plain.item() == pytest.approx(2 * r - r + r)
+    assert loss.item() == pytest.approx(-r)  # only sample 1 is left
+    assert metrics["opsm_clipfrac"].item() == pytest.approx(2.0 + 1.0)  # masked tokens, reduced (total: a sum)
+    loss, metrics = policy_loss(args(eps_clip=10.0, use_opsm=True, opsm_delta=0.6), b, log_probs,
+                                zero_entropy(log_probs), total, LossHooks())
+    assert loss.item() == pytest.approx(plain.item()) and metrics["opsm_clipfrac"].item() == 0.0
+
+
+def test_mismatch_metrics_alone_report_tis_and_ois_and_leave_the_loss_alone():
+    # slime's guide: --get-mismatch-metrics "will only return mismatch metrics but not change the loss"
+    log_probs = new_log_probs([0.0, 0.0])
+    b = batch([[1.0, 1.0]], old=[[0.0, 0.0]], rollout=[[-LN2, -2 * LN2]])
+    plain, plain_metrics = policy_loss(args(), b, log_probs, zero_entropy(log_probs), total, LossHooks())
+    loss, metrics = policy_loss(args(get_mismatch_metrics=True, tis_clip=3.0), b, log_probs,
+                                zero_entropy(log_probs), total, LossHooks())
+    assert loss.item() == plain.item() == pytest.approx(-2.0)
+    assert metrics["tis"].item() == pytest.approx(2.0 + 4.0)
+    assert metrics["tis_clipfrac"].item() == pytest.approx(1.0)
+    assert metrics["tis_abs"].item() == pytest.approx(1.0 + 3.0)
+    assert metrics["ois"].item() == pytest.approx(2.0)  # new/old: 1 per token
+    assert set(metrics) - set(plain_metrics) == {"tis", "tis_clipfrac", "tis_abs", "ois"}
+    with pytest.raises(ValueError, match=r"^get_mismatch_metrics needs rollout_log_probs"):
+        policy_loss(args(get_mismatch_metrics=True), batch([[1.0]], old=[[0.0]]), log_probs[:1],
+                    zero_entropy(log_probs[:1]), total, LossHooks())
+
+
+def test_the_kl_loss_coef_zero_departure_from_slime_is_documented():
+    # slime adds 0 x KL (NaN when the KL overflows); ours leaves the term out: said so, not "as slime"
+    import pipeline.train.objective as objective
+
+    doc = objective.__doc__
+    assert "kl_loss_coef" in doc and "NaN" in doc and "departs" in doc
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Porting from slime", 1)[1].split("\n## ", 1)[0]
+    assert any("kl_loss_coef" in line and "NaN" in line for line in section.splitlines())

@@ -438,7 +438,8 @@ def test_the_custom_loss_gets_slimes_batch_and_logits_in_the_asked_precision():
         args, batch, packed = trainer_hooks.SEEN["loss"]
         assert args.marker == 6
         assert set(batch) == {"unconcat_tokens", "total_lengths", "response_lengths", "loss_masks", "advantages",
-                              "log_probs", "ref_log_probs", "rollout_log_probs"}
+                              "log_probs", "ref_log_probs", "rollout_log_probs", "rollout_mask_sums"}
+        assert batch["rollout_mask_sums"] is None  # no rollout_ids: slime's per-sample fallback
         assert [m.tolist() for m in batch["loss_masks"]] == data["loss_masks"]
         assert [a.tolist() for a in batch["advantages"]] == [[r] * n for r, n in zip(data["rewards"],
                                                                                   data["response_lengths"])]
@@ -473,3 +474,34 @@ def test_a_load_says_what_it_loaded(tmp_path, caplog):
     caplog.set_level("INFO", logger="pipeline.train.policy_gradient")
     trainer().load(str(tmp_path / "state"))
     assert caplog.messages == [f"trainer state loaded from {tmp_path / 'state'} (weight version 1)"]
+
+
+def test_samples_sharing_a_rollout_id_are_one_rollout_in_the_mean_and_in_the_steps():
+    # slime: a trajectory split into samples is averaged over its tokens, the batch over rollouts.
+    # First step, ratio 1: a token's PPO loss is -A. Samples 0 and 1 are rollout 0 (masked tokens
+    # 2 and 3, rewards 1 and -1): (-2 + 3) / 5 = 0.2; rollouts 1 and 2: -0.5 and 0.5
+    data = {**train_data(), "rollout_ids": [0, 0, 1, 2]}
+    metrics = trainer().train(0, data)
+    assert metrics["train/pg_loss"] == pytest.approx((0.2 - 0.5 + 0.5) / 3, abs=1e-7)
+    # token-mean is per token either way (slime's per-token loss): (-2 + 3 - 1.5 + 1) / 10
+    assert trainer(loss_agg_mode="token-mean").train(0, data)["train/pg_loss"] == pytest.approx(0.05, abs=1e-7)
+    # global_batch_size counts rollouts: steps [0, 1, 2] and [3]; lr 0 keeps the first weights
+    metrics = trainer(lr=0.0, global_batch_size=2).train(0, data)
+    assert metrics["train/pg_loss"] == pytest.approx(((0.2 - 0.5) / 2 + 0.5) / 2, abs=1e-7)
+
+
+def test_opsm_mismatch_metrics_and_icepop_by_slimes_names_in_the_trainer():
+    # first step: new = old, so no sequence drifted (opsm_clipfrac 0) and ois is 1; mismatch
+    # metrics leave the loss as it is
+    plain = trainer().train(0, train_data())
+    metrics = trainer(get_mismatch_metrics=True, use_opsm=True).train(0, train_data())
+    assert metrics["train/loss"] == pytest.approx(plain["train/loss"], rel=1e-12)
+    assert metrics["train/opsm_clipfrac"] == 0.0 and metrics["train/ois"] == pytest.approx(1.0)
+    assert {"train/tis", "train/tis_clipfrac", "train/tis_abs"} <= set(metrics)
+    # IcePop through slime's hook key: rollout log-probs of -1 put every ratio (about e^-2.5) below
+    # tis_clip_low, so every token drops out of the pg loss
+    data = {**train_data(), "rollout_log_probs": [[-1.0] * n for n in train_data()["response_lengths"]]}
+    t = trainer(use_tis=True, tis_clip_low=0.5, custom_tis_function_path="pipeline.train.losses.icepop_function")
+    t.bind_args(SlimeArgs({"allowed_targets": ["pipeline."]}))
+    metrics = t.train(0, data)
+    assert metrics["train/pg_loss"] == 0.0 and metrics["train/tis_clipfrac"] == pytest.approx(1.0)

@@ -219,3 +219,122 @@ def test_reducer_errors_name_the_problem():
         sample_mean_reducer(LENGTHS, MASKS, "seq-mean-token-sum-norm", 0)
     with pytest.raises(ValueError, match="response_lengths"):
         sample_mean_reducer([3, 2, 2], MASKS, "token-mean")
+
+
+# -- issue 31: the reducer's dtype, per-rollout denominators, OPSM, icepop --
+
+def test_an_integer_metric_is_weighed_as_a_number_not_truncated():
+    # a hook's count-like metric may be an integer tensor (slime's mis.py fractions): 3 on every
+    # token of sample 0, 4 on sample 1; masks float32 as the trainer holds them
+    lengths, masks = [3, 2], [torch.ones(3), torch.ones(2)]
+    counts = torch.tensor([3, 3, 3, 4, 4])
+    assert sample_mean_reducer(lengths, masks, "seq-mean-token-mean")(counts).item() == pytest.approx(3.0 + 4.0)
+    assert sample_mean_reducer(lengths, masks, "token-mean")(counts).item() == pytest.approx(17.0)
+    assert sample_mean_reducer(lengths, masks, "seq-mean-token-sum-norm", 4)(counts).item() == pytest.approx(17 / 4)
+    flags = torch.tensor([True, False, True, True, False])
+    assert sample_mean_reducer(lengths, masks, "seq-mean-token-mean")(flags).item() == pytest.approx(2 / 3 + 1 / 2)
+
+
+def test_a_float64_input_is_reduced_in_float64():
+    # float32 masks (the trainer's) and float64 values: the weights 1/3 and 1/7 must not be float32's
+    lengths, masks = [3, 7], [torch.ones(3), torch.ones(7)]
+    values = [0.1 * k for k in range(1, 11)]
+    expected = math.fsum(values[:3]) / 3 + math.fsum(values[3:]) / 7
+    out = sample_mean_reducer(lengths, masks, "seq-mean-token-mean")(t(values))
+    assert out.dtype == torch.float64
+    assert out.item() == pytest.approx(expected, rel=1e-15)
+    out = sample_mean_reducer(lengths, masks, "seq-mean-token-sum-norm", 3)(t(values))
+    assert out.item() == pytest.approx(math.fsum(values) / 3, rel=1e-15)
+
+
+def test_sample_denominators_average_a_rollout_over_all_its_tokens():
+    # rollout 0 is two samples (2 and 3 masked tokens: denominator 5 for both), rollout 1 one sample
+    lengths, masks = [2, 3, 1], [t([1.0, 1.0]), t([1.0, 1.0, 1.0]), t([1.0])]
+    x = t([1.0, 1.0, 2.0, 2.0, 2.0, 5.0])
+    reduce = sample_mean_reducer(lengths, masks, "seq-mean-token-mean", sample_denoms=[5, 5, 1])
+    assert reduce(x).item() == pytest.approx((2.0 + 6.0) / 5 + 5.0)
+    # token-mean and Dr. GRPO's constant length do not read the denominators (slime's per-token sum)
+    assert sample_mean_reducer(lengths, masks, "token-mean", sample_denoms=[5, 5, 1])(x).item() == pytest.approx(13.0)
+    # a denominator of 0 (a fully masked rollout) is clamped at 1, as slime's
+    zero = sample_mean_reducer([2], [t([0.0, 0.0])], "seq-mean-token-mean", sample_denoms=[0])(t([3.0, 4.0]))
+    assert zero.item() == 0.0
+    with pytest.raises(ValueError, match="sample_denoms"):
+        sample_mean_reducer(lengths, masks, "seq-mean-token-mean", sample_denoms=[5, 5])
+    # fractional masks give fractional denominators: taken in the input's float64, not float32
+    fractional = sample_mean_reducer([1], [t([0.1])], "seq-mean-token-mean", sample_denoms=[2.2])(t([1.0]))
+    assert fractional.item() == pytest.approx(0.1 / 2.2, rel=1e-15)
+
+
+def test_the_normalizer_counts_each_rollout_once():
+    from pipeline.train.losses import normalizer_part
+
+    masks = [t([1.0, 1.0]), t([1.0, 0.0, 1.0]), t([0.0])]
+    # samples 0 and 1 are one rollout: the seq modes count 2 rollouts; token-mean counts tokens
+    for mode in ("seq-mean-token-mean", "seq-mean-token-sum-norm"):
+        assert normalizer_part(masks, mode, counted=[1, 0, 1]) == 2.0
+        assert batch_normalizer(masks, mode, counted=[1, 0, 1]) == 2.0
+        assert normalizer_part(masks, mode) == 3.0
+    assert normalizer_part(masks, "token-mean", counted=[1, 0, 1]) == 2.0 + 2.0 + 1.0
+
+
+def test_icepop_zeroes_the_tokens_whose_ratio_leaves_the_band():
+    from pipeline.train.losses import icepop_function
+
+    args = SimpleNamespace(tis_clip=1.5, tis_clip_low=0.5)
+    train = [t([-1.0, -2.0]), t([-0.5])]
+    rollout = [t([-1.5, -1.0]), t([-0.5])]
+    masks = [t([1.0, 1.0]), t([1.0])]
+    loss, out_masks, metrics = icepop_function(
+        args, pg_loss=t([2.0, 3.0, 4.0]), train_log_probs=train, rollout_log_probs=rollout, loss_masks=masks)
+    # ratios e^0.5 = 1.65 (above 1.5: 0), e^-1 = 0.37 (below 0.5: 0), 1 (kept, weight 1)
+    assert loss.tolist() == pytest.approx([0.0, 0.0, 4.0])
+    assert out_masks is masks
+    assert metrics["tis"].tolist() == pytest.approx([math.exp(0.5), math.exp(-1.0), 1.0])
+    assert metrics["tis_clipfrac"].tolist() == [1.0, 1.0, 0.0]
+    assert metrics["tis_abs"].tolist() == pytest.approx([math.exp(0.5) - 1, 1 - math.exp(-1.0), 0.0])
+    # the band's edges are inside it
+    edge = icepop_function(args, pg_loss=t([1.0, 1.0]), train_log_probs=[t([math.log(1.5), math.log(0.5)])],
+                           rollout_log_probs=[t([0.0, 0.0])], loss_masks=[t([1.0, 1.0])])[0]
+    assert edge.tolist() == pytest.approx([1.5, 0.5])
+
+
+def test_opsm_masks_negative_advantage_sequences_that_drifted_past_delta():
+    from pipeline.train.losses import compute_opsm_mask
+
+    args = SimpleNamespace(opsm_delta=0.1)
+    # sequence KL = masked mean of old - new: 0.2 (over the 2 masked tokens), 0.2, 0.05
+    new = [t([-1.0, -1.0, -9.0]), t([-1.0]), t([-1.0, -1.0])]
+    old = [t([-0.8, -0.8, 5.0]), t([-0.8]), t([-0.95, -0.95])]
+    advantages = [t([-1.0, -1.0, -1.0]), t([1.0]), t([-1.0, -1.0])]
+    masks = [t([1.0, 1.0, 0.0]), t([1.0]), t([1.0, 1.0])]
+    mask, clipfrac = compute_opsm_mask(args, full_log_probs=new, full_old_log_probs=old, advantages=advantages,
+                                       loss_masks=masks)
+    # sample 0: A < 0 and 0.2 > 0.1: masked; sample 1: A > 0: kept; sample 2: 0.05 <= 0.1: kept
+    assert mask.tolist() == [0.0, 0.0, 0.0, 1.0, 1.0, 1.0]
+    # slime's count: per sample, the masked tokens over its loss-mask tokens (3 / 2 here), summed
+    assert clipfrac.item() == pytest.approx(1.5)
+
+
+def test_opsm_edges_strict_threshold_negative_advantages_only_masked_tokens_and_lengths():
+    from pipeline.train.losses import compute_opsm_mask
+
+    args = SimpleNamespace(opsm_delta=0.5)
+
+    def mask_of(new, old, advantages, masks):
+        return compute_opsm_mask(args, full_log_probs=new, full_old_log_probs=old, advantages=advantages,
+                                 loss_masks=masks)
+
+    # a sequence KL equal to delta is not above it; advantages 0 and 0.5 are not negative
+    keep, count = mask_of([t([0.0])] * 3, [t([0.5]), t([1.0]), t([1.0])], [t([-1.0]), t([0.0]), t([0.5])],
+                          [t([1.0])] * 3)
+    assert keep.tolist() == [1.0, 1.0, 1.0] and count.item() == 0.0
+    # one masked token of a one-token sample: 1 dropped token over 1, not clamped to 2
+    keep, count = mask_of([t([0.0])], [t([1.0])], [t([-1.0])], [t([1.0])])
+    assert keep.tolist() == [0.0] and count.item() == 1.0
+    # a token outside the loss mask does not count towards the drift (here it would pull it below delta)
+    keep, _ = mask_of([t([0.0, 0.0])], [t([1.0, -9.0])], [t([-1.0, -1.0])], [t([1.0, 0.0])])
+    assert keep.tolist() == [0.0, 0.0]
+    keep, count = mask_of([], [], [], [])
+    assert keep.shape == (0,) and count.item() == 0.0
+    with pytest.raises(ValueError):
+        mask_of([t([0.0])], [t([0.0])], [], [t([1.0])])

@@ -51,3 +51,15 @@ def test_attention_implementation_is_a_name_or_null():
     assert trainer_problems(node(attn_implementation="sdpa")) == []
     assert trainer_problems(node(attn_implementation=1)) == [
         "trainer.attn_implementation=1: expected null (transformers' default) or a name such as eager or sdpa"]
+
+
+def test_opsm_and_mismatch_metric_keys_are_checked():
+    # slime's --use-opsm / --opsm-delta / --get-mismatch-metrics, defaults as slime's
+    keys = yaml_keys()
+    assert (keys["use_opsm"], keys["opsm_delta"], keys["get_mismatch_metrics"]) == (False, 1e-4, False)
+    assert trainer_problems(node(use_opsm=True, get_mismatch_metrics=True)) == []
+    assert trainer_problems(node(use_opsm="yes", get_mismatch_metrics=1, opsm_delta=-0.5)) == [
+        "trainer.use_opsm='yes': expected true or false",
+        "trainer.get_mismatch_metrics=1: expected true or false",
+        "trainer.opsm_delta=-0.5: expected a number >= 0"]
+    assert trainer_problems(node(opsm_delta="small")) == ["trainer.opsm_delta='small': expected a number >= 0"]

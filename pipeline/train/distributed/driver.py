@@ -197,7 +197,9 @@ class DistributedTrainer:
             logger.warning("rollout %d: no train samples; the trainer skips this rollout", rollout_id)
             return {}
         total = [len(t) for t in tokens]
-        steps = batches.optimizer_steps(n, self.keys["global_batch_size"])
+        steps = batches.optimizer_steps(n, self.keys["global_batch_size"], train_data.get("rollout_ids"))
+        # each worker's share keeps its whole step's per-rollout weights (the normalisers are the step's)
+        train_data = batches.annotate(train_data, steps)
         shares = split.plan_shares(steps, total, split.prompt_keys(tokens, lengths), self.num_workers)
         per_rank = [(rollout_id, split.slice_train_data(train_data, s.samples, n), s.steps) for s in shares]
         results = group.call("train", per_rank)
