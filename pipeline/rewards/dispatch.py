@@ -26,13 +26,14 @@ from typing import Any
 
 from pipeline.plugins import SLOTS_BY_NAME, allowed_targets, check_call, load_object
 from pipeline.rewards.ifbench import grade_ifbench
+from pipeline.rewards.labels import is_empty_label
 from pipeline.rewards.math import grade, last_boxed
 from pipeline.rewards.math_rules import grade_dapo, grade_deepscaler
 from pipeline.rewards.remote import RemoteReward
 from pipeline.rewards.rm_types import RM_TYPES, rm_type_problem, split_rm_type
 from pipeline.rewards.text_rules import f1_reward, grade_gpqa
 
-__all__ = ["RewardDispatcher", "BUILTIN_RM_TYPES", "grading_label"]
+__all__ = ["RewardDispatcher", "BUILTIN_RM_TYPES", "grading_label", "reward_counts"]
 
 logger = logging.getLogger(__name__)
 
@@ -205,14 +206,27 @@ def grading_label(sample: Any, label_field: str | None, reward: str) -> str | in
             raise ValueError(f"{where}: reward.label_field={label_field!r} picks an entry of a dict label, "
                              f"but the label is {label!r:.200} ({keys})")
         label = label[label_field]
-    if label is None:
-        raise ValueError(f"{where}: the {reward} reward needs a label (set data_source.label_key)")
+    if label is None or is_empty_label(label):
+        # pre-flight refuses such rows of the prompt files (labels.py): this one came from elsewhere
+        raise ValueError(f"{where}: the {reward} reward needs a label to compare with, but the label is empty "
+                         f"({label!r:.80}); set data_source.label_key, or give the sample a label")
     if isinstance(label, bool) or not isinstance(label, (str, int, float)):
         hint = (f"set reward.label_field=<key> to grade one entry (keys: {sorted(label)})" if isinstance(label, dict)
                 else "grade it with a reward function of your own (reward=custom)")
         raise ValueError(f"{where}: the {reward} reward compares the answer with a string or number "
                          f"label, but the label is a {type(label).__name__}: {label!r:.200}; {hint}")
     return label
+
+
+def reward_counts(reward: Any) -> dict[str, int]:
+    """The counted reward failures of `reward` so far, as metrics (`reward/<name>`): grading timeouts
+    (scored `timeout_reward`) and null answers of the remote reward model (scored 0). Empty for a
+    reward object that is not a `RewardDispatcher`."""
+    if not isinstance(reward, RewardDispatcher):
+        return {}
+    remote = reward._remote
+    return {"reward/remote_null_answers": remote.null_answers if remote is not None else 0,
+            "reward/grade_timeouts": reward.timeouts}
 
 
 def _arg(args: Any, name: str, default: Any) -> Any:

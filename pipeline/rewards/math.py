@@ -2,7 +2,9 @@
 
 `extract_answer` picks what to grade from a response: the content of the last `\\boxed{...}`
 (or `\\fbox{...}`), else the last number in the text (thousands separators dropped). With
-`boxed_only` (the `boxed_` rm types) a response without a box scores 0. The label may be a string
+`boxed_only` (the `boxed_` rm types) a response without a box scores 0. An answer that equals the
+label as text (spaces and surrounding `$` aside) scores 1 at any length; other answers longer than
+`MAX_ANSWER_CHARS` are not parsed and score 0. The label may be a string
 (`"12"`, `"\\frac{1}{2}"`, `"$x^2$"`) or a number (`0` included). `grade` is synchronous and
 thread-safe: math-verify's own signal-based timeouts are off (they only work in the main
 thread); callers bound the time by running it in a thread pool (see `dispatch.py`).
@@ -18,7 +20,8 @@ __all__ = ["last_boxed", "last_number", "extract_answer", "grade", "MAX_ANSWER_C
 
 logger = logging.getLogger(__name__)
 
-# extracted answers longer than this are not parsed (sympy on huge strings can take forever)
+# extracted answers longer than this are not parsed (sympy on huge strings can take forever);
+# one equal to the label as text still scores 1 (slime's string match has no limit)
 MAX_ANSWER_CHARS = 300
 
 _NUMBER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?|-?\d+(?:\.\d+)?(?:/\d+)?")
@@ -78,6 +81,13 @@ def _label_text(label: Any) -> str:
     return str(label)
 
 
+def _same_text(answer: str, label: str) -> bool:
+    """True when `answer` and `label` are the same text once spaces and surrounding `$` are dropped."""
+    def bare(text: str) -> str:
+        return "".join(text.strip().strip("$").split())
+    return bare(answer) == bare(label)
+
+
 def _quiet_timeout_warnings() -> None:
     """math-verify warns that its timeouts are off; ours are enforced by the caller."""
     import math_verify.grader
@@ -93,9 +103,12 @@ def grade(response: str, label: Any, boxed_only: bool = False) -> float:
 
     _quiet_timeout_warnings()
     answer = extract_answer(response or "", boxed_only=boxed_only)
-    if answer is None or not answer.strip() or len(answer) > MAX_ANSWER_CHARS:
+    if answer is None or not answer.strip():
         return 0.0
-    gold = parse(_as_latex(_label_text(label)), parsing_timeout=None)
+    label_text = _label_text(label)
+    if len(answer) > MAX_ANSWER_CHARS:
+        return 1.0 if _same_text(answer, label_text) else 0.0
+    gold = parse(_as_latex(label_text), parsing_timeout=None)
     if not gold:
         raise ValueError(f"math reward: cannot parse the label {label!r}")
     pred = parse(_as_latex(answer), parsing_timeout=None)

@@ -5,8 +5,9 @@ samples itself), the dispatcher is the built-in one and `reward.custom_rm_path` 
 every rm_type a run can meet, the global `reward.rm_type` and each `metadata["rm_type"]` in the
 training and eval prompt files, must be a known type: this is found before any engine, model or
 data source is built. Also checked: a type whose grader needs a missing package (`ifbench`),
-`remote` without a URL, rows without an rm_type when there is no global one, and `dapo` (slime's
-dict reward) without `reward_key` or mixed with number rewards.
+`remote` without a URL, rows without an rm_type when there is no global one, `dapo` (slime's
+dict reward) without `reward_key` or mixed with number rewards, and rows with an empty label
+(`""`, `" "`, `\\boxed{}`) whose rm_type compares with one (`labels.py`).
 """
 
 from __future__ import annotations
@@ -16,28 +17,56 @@ from typing import Any
 from pipeline.data.errors import DataError
 from pipeline.plugins import accepts, allowed_targets, load_object
 from pipeline.rewards.ifbench import ifbench_available, ifbench_missing_message
+from pipeline.rewards.labels import empty_labels_in_rows, needs_label
 from pipeline.rewards.rm_types import rm_type_problem, rm_types_in_rows, split_rm_type
 
 __all__ = ["reward_problems"]
 
 
-def _prompt_files(cfg: dict[str, Any]) -> list[tuple[str, str, Any, bool]]:
-    """(config key, file spec, metadata key, is training data) of every prompt file to scan."""
+def _prompt_files(cfg: dict[str, Any]) -> list[tuple[str, str, Any, bool, Any]]:
+    """(config key, file spec, metadata key, is training data, label key) of every prompt file to scan."""
     ds = cfg.get("data_source")
     ds = ds if isinstance(ds, dict) else {}
-    metadata_key = ds.get("metadata_key", "metadata")
-    files: list[tuple[str, str, Any, bool]] = []
+    metadata_key, label_key = ds.get("metadata_key", "metadata"), ds.get("label_key", "label")
+    files: list[tuple[str, str, Any, bool, Any]] = []
     paths = ds.get("prompt_data")
     for p in paths if isinstance(paths, list) else [paths]:
         if isinstance(p, str) and p:
-            files.append(("data_source.prompt_data", p, metadata_key, True))
+            files.append(("data_source.prompt_data", p, metadata_key, True, label_key))
     ev = cfg.get("eval")
     datasets = ev.get("datasets") if isinstance(ev, dict) else None
     for i, d in enumerate(datasets if isinstance(datasets, list) else []):
         if isinstance(d, dict) and isinstance(d.get("prompt_data"), str):
             key = d.get("metadata_key") or metadata_key
-            files.append((f"eval.datasets[{i}].prompt_data", d["prompt_data"], key, False))
+            files.append((f"eval.datasets[{i}].prompt_data", d["prompt_data"], key, False,
+                          d.get("label_key") or label_key))
     return files
+
+
+def _empty_labels(cfg: dict[str, Any], file: tuple[str, str, Any, bool, Any], types: set[Any],
+                  out: list[str]) -> None:
+    """Refuse rows with an empty label whose rm_type (one of `types`, this file's) compares with one."""
+    key, spec, metadata_key, _, label_key = file
+    graded = sorted(str(t) for t in types if needs_label(t))
+    if not graded:
+        return
+    if label_key is None:
+        where = "data_source.label_key" if key.startswith("data_source") else f"{key.rpartition('.')[0]}.label_key"
+        out.append(f"{key}: {where} is null (no labels), but rm_type {graded[0]} compares the response with a "
+                   f"label; set {where}=<the label column>")
+        return
+    reward = cfg.get("reward") if isinstance(cfg.get("reward"), dict) else {}
+    ds = cfg.get("data_source") if isinstance(cfg.get("data_source"), dict) else {}
+    try:
+        count, where, label, rm_type = empty_labels_in_rows(
+            spec, label_key, reward.get("label_field"), metadata_key, reward.get("rm_type"),
+            len(graded) < len(types), ds.get("cache_dir"))
+    except (DataError, OSError, ValueError):
+        return  # a missing or unreadable file is reported by the data checks
+    if count:
+        out.append(f"{key}: {where}: the label is empty ({label!r:.80}) but rm_type {rm_type} compares the "
+                   f"response with a label; {count} rows of {spec} have an empty label: fix or remove the row "
+                   f"(slime scores such rows 0; a run here refuses them instead of training on them)")
 
 
 def _scan(cfg: dict[str, Any], global_type: Any, out: list[str]) -> dict[str, str]:
@@ -47,11 +76,14 @@ def _scan(cfg: dict[str, Any], global_type: Any, out: list[str]) -> dict[str, st
     files = _prompt_files(cfg)
     ds = cfg.get("data_source")
     cache_dir = ds.get("cache_dir") if isinstance(ds, dict) else None
-    for key, spec, metadata_key, training in files:
+    for file in files:
+        key, spec, metadata_key, training, _ = file
         try:
             found, missing = rm_types_in_rows(spec, metadata_key, cache_dir)
         except (DataError, OSError, ValueError):
             continue  # a missing or unreadable file is reported by the data checks
+        known = {v for v in found if rm_type_problem(v) is None}
+        _empty_labels(cfg, file, known | ({global_type} if missing and global_type else set()), out)
         for value, where in found.items():
             problem = rm_type_problem(value)
             if problem is not None:
@@ -64,7 +96,7 @@ def _scan(cfg: dict[str, Any], global_type: Any, out: list[str]) -> dict[str, st
                        f"null; set reward.rm_type (e.g. reward.rm_type=math) or reward.custom_rm_path")
         if missing and training and global_type:
             used.setdefault(global_type, "reward.rm_type")
-    if not any(training for *_, training in files) and global_type:
+    if not any(f[3] for f in files) and global_type:
         used.setdefault(global_type, "reward.rm_type")
     return used
 

@@ -7,8 +7,9 @@ noanswer answer on either side scores 0.0 unless both sides are that same word. 
 list of acceptable answers scores the best of them.
 
 `gpqa` (multiple choice): the chosen letter is read from the text after the last `</think>`:
-"answer is C", "Answer: (C)", "final answer: C", "C is correct", else the last standalone
-capital letter among the valid ones. Valid letters: `metadata["valid_letters"]`, else A.. as
+"answer is C", "Answer: (C)", "final answer: C", "C is correct", else a lone letter in the last
+`\\boxed{}` (any case: `\\boxed{b}`, `\\boxed{\\text{(b)}}`), else the last standalone capital letter
+among the valid ones (never one inside a word: "It" is not I). Valid letters: `metadata["valid_letters"]`, else A.. as
 many as `metadata["choices"]`, else A-J. The right letter: `metadata["correct_letter"]`, else a
 one-letter label, else a numeric label as an index, else the choice whose text equals the label.
 Without a letter on either side, the response still scores when it contains the right choice's
@@ -23,6 +24,8 @@ import string
 from collections import Counter
 from typing import Any
 
+from pipeline.rewards.math import last_boxed
+
 __all__ = ["extract_choice", "f1_reward", "grade_gpqa", "squad_normalize"]
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -34,6 +37,8 @@ _LETTER_PATTERNS = (
     re.compile(r"\b([A-Z])[)\]]?\s+is\s+(?:the\s+)?correct\b"),
 )
 _STANDALONE = re.compile(r"\b([A-Z])\b")
+# a boxed pick: one letter, maybe in parentheses and / or a \text{} / \textbf{} / \mathrm{} wrapper
+_BOXED_LETTER = re.compile(r"^\s*(?:\\(?:text|textbf|mathrm)\s*\{)?\s*\(?\s*([A-Za-z])\s*\)?\s*\}?\s*$")
 _DEFAULT_LETTERS = tuple(string.ascii_uppercase[:10])
 
 
@@ -91,6 +96,9 @@ def extract_choice(response: str, valid: list[str]) -> str | None:
             letter = match.group(1).upper()
             if letter in valid:
                 return letter
+    boxed = _BOXED_LETTER.match(last_boxed(text) or "")
+    if boxed is not None and boxed.group(1).upper() in valid:
+        return boxed.group(1).upper()
     for letter in reversed(_STANDALONE.findall(text)):
         if letter in valid:
             return letter

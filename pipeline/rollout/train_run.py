@@ -34,6 +34,7 @@ import time
 from collections import Counter
 from typing import Any
 
+from pipeline.rewards.dispatch import reward_counts
 from pipeline.rollout.contracts import RolloutFnTrainOutput, as_filter_output
 from pipeline.rollout.groups import buffer_size, first_index, flatten_group, group_key, response_tokens
 from pipeline.rollout.leftover_groups import Flight, LeftoverGroups
@@ -87,6 +88,8 @@ class TrainRun(LeftoverGroups):
         self.group_rm = bool(getattr(args, "group_rm", None) or getattr(owner.reward, "group_rm", False))
         # groups headed back to the buffer, added in one call at the end
         self._pending_buffer: list[list[Any]] = []
+        # the reward's counted failures before this rollout (reward/* metrics: this rollout's share)
+        self._reward_counts = reward_counts(owner.reward)
 
     # ------------------------------------------------------------------ main loop
     async def execute(self) -> RolloutFnTrainOutput:
@@ -296,6 +299,7 @@ class TrainRun(LeftoverGroups):
         m["perf/rollout_generate_time"] = elapsed
         m["rollout/gen_tokens_per_sec"] = self.ctx.tokens_generated / max(elapsed, 1e-9)
         m["rollout/offpolicy_tokens_masked"] = self.ctx.offpolicy_tokens_masked
+        m.update({k: v - self._reward_counts.get(k, 0) for k, v in reward_counts(self.engine_rollout.reward).items()})
         m.update(self._staleness())
         return m
 
