@@ -15,6 +15,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from pipeline.config_rules import collect_problems, collect_warnings
 from pipeline.engines.assets import CheckpointError, resolve_checkpoint
+from pipeline.overrides import added_key_typos, command_line_overrides
 from pipeline.plugins import ConfigError
 
 __all__ = ["ConfigError", "SlimeArgs", "missing_arg_message", "to_plain", "to_plain_lenient", "validate"]
@@ -174,10 +175,25 @@ def _eval_prompt_data(datasets: Any) -> list[str] | None:
     return flat or None
 
 
-def validate(cfg: Any) -> None:
+# slime's names that `args` gets from keys of other names: a `+key` one typo from these is warned
+# about too (`+rollout_shufle=true` for data_source=slime's `+rollout_shuffle=true`)
+_SLIME_NAMES = frozenset({*_DATA_MIRRORS.values(), *_REWARD_MIRRORS.values(), "advantage_estimator",
+                          "buffer_filter_path", "dynamic_sampling_filter_path", "rollout_global_dataset",
+                          "eval_prompt_data"})
+
+
+def validate(cfg: Any, overrides: list[str] | None = None) -> None:
     """Pre-flight check of the whole config; raises ConfigError listing every problem found, and
-    logs a warning for each valid but probably unintended choice (`collect_warnings`)."""
+    logs a warning for each valid but probably unintended choice (`collect_warnings`).
+
+    First (the top of the run log, and the console) it warns about each `+key` of the command-line
+    `overrides` (default: the running Hydra job's) that is a small edit from a known key
+    (`pipeline.overrides.added_key_typos`): Hydra suggests `+key` for a mistyped key, and the run
+    would then go on at the default."""
     plain = to_plain_lenient(cfg)
+    for warning in added_key_typos(command_line_overrides() if overrides is None else overrides, plain,
+                                   _SLIME_NAMES):
+        logger.warning("config: %s", warning)
     problems = collect_problems(plain)
     if problems:
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))

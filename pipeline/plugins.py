@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import sys
+import traceback
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -179,9 +180,7 @@ def load_object(path: str, allowed: Iterable[str] | None = None, where: str = ""
                     _check_origin(obj, path, allowed, where)
                 return obj
         top = module_name.split(".")[0]
-        hint = (f"; Python finds no package {top!r}: put the folder that holds it on PYTHONPATH "
-                f"(PYTHONPATH=<folder> python run.py ..., also when resuming) or pip install it"
-                if isinstance(exc, ModuleNotFoundError) and exc.name == top else "")
+        hint = _import_hint(exc, top)
         raise PluginImportError(
             f"{where or 'plugin'}: cannot import {path!r}: {type(exc).__name__}: {exc}{hint}"
         ) from exc
@@ -194,6 +193,27 @@ def load_object(path: str, allowed: Iterable[str] | None = None, where: str = ""
     if allowed is not None:
         _check_origin(obj, path, allowed, where)
     return obj
+
+
+def _import_hint(exc: BaseException, top: str) -> str:
+    """What to do about a plugin module that failed to import: its own package missing (PYTHONPATH),
+    or a package one of its files imports (named with that file and line; for slime's modules, what
+    slime's plugins need)."""
+    if not isinstance(exc, ModuleNotFoundError) or not exc.name:
+        return ""
+    if exc.name == top:
+        return (f"; Python finds no package {top!r}: put the folder that holds it on PYTHONPATH "
+                f"(PYTHONPATH=<folder> python run.py ..., also when resuming) or pip install it")
+    missing = exc.name.split(".")[0]
+    if missing == top or exc.name.startswith("slime.") and slime_compat.installed():
+        return ""  # a module of the plugin's own package (or the stand-in's refusal, which says it all)
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<")]
+    origin = f"{frames[-1].filename} line {frames[-1].lineno}" if frames else f"a module of {top!r}"
+    hint = (f"; {origin} imports {exc.name!r}, which is not installed in this environment: pip install {missing} "
+            f"(or the distribution that provides it)")
+    if top == "slime":
+        hint += f"; slime's own plugins need {slime_compat.SLIME_NEEDS}"
+    return hint
 
 
 def _check_origin(obj: Any, path: str, allowed: Iterable[str], where: str) -> None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.sample_versions import as_version, call_versions, extend_runs
-from pipeline.sample_meta import (SPEC_KEYS, LazyRecord, PrefixCacheInfo, SampleStatus, SpecInfo, StatusAttribute,
+from pipeline.sample_meta import (LazyRecord, PrefixCacheInfo, SampleStatus, SpecInfo, StatusAttribute,
                                   routed_experts_rows, top_p_spans)
 
 __all__ = ["Sample"]
@@ -128,14 +128,16 @@ class Sample:
         """Grow the response: tokens, response_length, loss_mask, log-probs and top-p spans move together.
 
         `trainable=False` marks tool/environment tokens (loss mask 0, log-prob 0, an empty top-p
-        span). `meta_info` is an engine's answer metadata, folded in as slime does: top-p replay
+        span; log-probs given for them are refused, as slime does). Unlike slime, trainable tokens
+        may come without log-probs (an engine that returns none): rollout_log_probs then stays None. `meta_info` is an engine's answer metadata, folded in as slime does: top-p replay
         spans (`top_p_token_ids` / `top_p_token_offsets`, base64 int32 or lists) and
         `routed_experts` extend their fields; with a `finish_reason` (and `update_terminal_info`),
         its type length/abort/stop sets the status, `weight_version` is appended to
         `weight_versions` (after any other version of `token_weight_versions`, one version per new
         token, which also extends `metadata["weight_version_runs"]`, see
-        `pipeline.sample_versions`), and the speculative-decoding (when `args.sglang_speculative_algorithm`
-        is set or the engine reports them) and prefix-cache counters are added.
+        `pipeline.sample_versions`), and the prefix-cache counters are added, and the speculative-decoding
+        ones too when `args.sglang_speculative_algorithm` is set (only then, as slime: counters an engine
+        reports without it are left out).
         Raises ValueError, changing nothing, when the lengths would disagree.
         """
         self.check_lengths()  # an already inconsistent sample fails before anything changes
@@ -146,6 +148,10 @@ class Sample:
             raise ValueError(
                 f"sample {self.index}: {len(log_probs)} log-probs for {len(tokens)} tokens"
             )
+        if log_probs is not None and tokens and not trainable:
+            raise ValueError(f"sample {self.index}: non-trainable response tokens should not pass rollout log "
+                             f"probabilities: {len(log_probs)} given for {len(tokens)} tool / environment tokens, whose "
+                             f"log-prob is 0 (pass log_probs only with trainable=True, as in slime)")
         versions = meta.get("token_weight_versions")
         call_version = as_version(meta.get("weight_version"))
         if versions is None and trainable and call_version is not None:  # one version for the call (slime)
@@ -202,8 +208,9 @@ class Sample:
 
     def _fold_terminal_info(self, args: Any, meta: dict[str, Any]) -> None:
         """Status, weight version and counters of an engine answer that finished a call."""
-        # a slime flag this config lacks unless set with +sglang_speculative_algorithm: getattr
-        if getattr(args, "sglang_speculative_algorithm", None) or any(k in meta for k in SPEC_KEYS):
+        # slime's switch, and only it (slime's test_spec_info_only_updated_when_speculative_enabled); a flag
+        # this config lacks unless set with +sglang_speculative_algorithm=<algorithm>: getattr
+        if getattr(args, "sglang_speculative_algorithm", None):
             self.spec_info.add(meta)
         if "cached_tokens" in meta or "prompt_tokens" in meta:
             self.prefix_cache_info.add(meta)

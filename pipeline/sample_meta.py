@@ -25,7 +25,7 @@ import numpy as np
 
 __all__ = [
     "SampleStatus", "coerce_status", "SpecInfo", "PrefixCacheInfo", "StatusAttribute", "LazyRecord",
-    "meta_int_list", "top_p_spans", "routed_experts_rows", "SPEC_KEYS",
+    "meta_int_list", "top_p_spans", "routed_experts_rows",
 ]
 
 
@@ -88,10 +88,6 @@ class StatusAttribute:
 
     def __set__(self, obj: Any, value: Any) -> None:
         obj.__dict__["status"] = coerce_status(value)
-
-
-# meta_info keys of the speculative-decoding counters (an engine that reports them runs it)
-SPEC_KEYS = ("spec_accept_token_num", "spec_draft_token_num", "spec_verify_ct")
 
 
 class _Counters:
@@ -250,8 +246,8 @@ def routed_experts_rows(meta_info: dict[str, Any], args: Any, num_tokens: int,
         raise ValueError(f"meta_info: routed_experts_start_len must be >= 0, got {start}")
     rows = max(0, num_tokens - 1 - start)
     if len(flat) != rows * layers * topk:
-        raise ValueError(f"meta_info: {len(flat)} routed experts for {rows} tokens x {layers} layers x "
-                         f"top-{topk} (tokens={num_tokens}, routed_experts_start_len={start})")
+        raise ValueError(f"meta_info: routed_experts element count {len(flat)} does not match {rows} tokens x "
+                         f"{layers} layers x top-{topk} (tokens={num_tokens}, routed_experts_start_len={start})")
     shaped = np.asarray(flat, dtype=np.int64).reshape(rows, layers, topk).tolist()
     if start == 0:
         return shaped

@@ -13,8 +13,10 @@ pipeline's equal types (docs/contracts.md §1, §6, §8):
     slime.rollout.filter_hub.base_types DynamicFilterOutput
 
 (and their parent packages). Any other `slime.` module fails to import with a message that says
-slime is not installed and which modules stand in. Where slime is importable, nothing is
-registered: the real slime is used, and its types are accepted by shape (pipeline/rollout/contracts.py).
+slime is not installed, which modules stand in and what running slime's own plugins takes
+(`SLIME_NEEDS`: slime's source on PYTHONPATH and `SLIME_PIP_PACKAGES`). Where slime is importable,
+nothing is registered: the real slime is used, and its types are accepted by shape
+(pipeline/rollout/contracts.py).
 """
 
 from __future__ import annotations
@@ -27,7 +29,15 @@ import threading
 import types
 from collections.abc import Sequence
 
-__all__ = ["STAND_INS", "install", "installed"]
+__all__ = ["SLIME_NEEDS", "SLIME_PIP_PACKAGES", "STAND_INS", "install", "installed"]
+
+# what slime's own plugins (rm_hub.async_rm, the filter hub, the data source) import beyond this
+# pipeline's packages, found by running them from slime @624b824's source: rm_hub imports aiohttp,
+# its math grader pylatexenc (torch, sympy and httpx come with this pipeline)
+SLIME_PIP_PACKAGES = ("pylatexenc", "aiohttp")
+SLIME_NEEDS = (f"slime's source on PYTHONPATH (PYTHONPATH=<your slime checkout> python run.py ...), "
+               f"allowed_targets_extra=[slime.] and pip install {' '.join(SLIME_PIP_PACKAGES)} "
+               f"(README 'Porting from slime')")
 
 # module -> {name: "pipeline.module:attribute"}; packages on the way are served empty
 STAND_INS: dict[str, dict[str, str]] = {
@@ -54,8 +64,8 @@ class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         served = ", ".join(sorted(STAND_INS))
         raise ModuleNotFoundError(
             f"No module named {fullname!r}: slime is not installed here. rollout-pipeline stands in for "
-            f"slime's type modules only ({served}; pipeline/slime_compat.py); a plugin that needs more of "
-            f"slime needs slime installed in this environment", name=fullname)
+            f"slime's type modules only ({served}; pipeline/slime_compat.py); to run slime's own plugins "
+            f"unchanged put {SLIME_NEEDS}", name=fullname)
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
         return None  # the default module object

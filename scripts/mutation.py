@@ -47,7 +47,8 @@ MODULES: dict[str, tuple[list[str], list[str] | None]] = {
                                   "tests/data/test_checkpoint.py", "tests/data/test_slime_driver.py"],
                                  [f"pipeline.data.sources.x*{fn}__mutmut_*" for fn in (
                                      "_copies", "_next_rows", "_groups", "_check_num", "get_samples", "add_samples",
-                                     "begin_rollout", "get_buffer_length", "state_dict", "_state")]),
+                                     "begin_rollout", "get_buffer_length", "state_dict", "_state",
+                                     "_check_removed")]),
     "pipeline/data/buffer_filters.py": (["tests/data/test_buffer_filter_order.py", "tests/data/test_sources.py"],
                                         None),
     # (test_checkpoint_crash.py kills a real subprocess: too slow to run per mutant)
@@ -55,6 +56,14 @@ MODULES: dict[str, tuple[list[str], list[str] | None]] = {
     "pipeline/atomic.py": (["tests/test_atomic.py", "tests/data/test_checkpoint.py"], None),
     "pipeline/openmp.py": (["tests/test_openmp.py"], None),
     "pipeline/malloc.py": (["tests/test_malloc.py"], None),
+    # the empty-label rule and its pre-flight scan; the graders and the remote answer types (issue 31)
+    "pipeline/rewards/labels.py": (["tests/rewards/test_slime_parity_graders.py",
+                                    "tests/rewards/test_reward_preflight.py"], None),
+    "pipeline/rewards/text_rules.py": (["tests/rewards/test_rule_graders.py",
+                                        "tests/rewards/test_slime_parity_graders.py"], None),
+    "pipeline/rewards/math.py": (["tests/rewards/test_math.py", "tests/rewards/test_slime_parity_graders.py"], None),
+    "pipeline/rewards/remote.py": (["tests/rewards/test_dispatch.py", "tests/rewards/test_slime_parity_graders.py"],
+                                   None),
     "pipeline/stages/rewards.py": (["tests/stages/test_stages.py",
                                     "tests/stages/test_rewards_pinned.py"], None),
     "pipeline/stages/train_data.py": (["tests/stages/test_stages.py", "tests/stages/test_train_data_tensors.py",
@@ -82,11 +91,11 @@ MODULES: dict[str, tuple[list[str], list[str] | None]] = {
     "pipeline/rollout/leftover_groups.py": (["tests/rollout/test_leftover_groups.py",
                                              "tests/rollout/test_engine_rollout.py",
                                              "tests/rollout/test_deterministic_seeds.py"], None),
-    # the trainer's loss functions (PPO-clip, CISPO, GSPO KL, KL estimators, TIS, reducers)
+    # the trainer's loss functions (PPO-clip, CISPO, GSPO KL, KL estimators, TIS, IcePop, OPSM, reducers)
     "pipeline/train/losses.py": (["tests/train/test_train_losses.py"], None),
     # one micro-batch's loss and metrics (the order of slime's policy_loss_function)
     "pipeline/train/objective.py": (["tests/train/test_objective.py", "tests/train/test_policy_gradient.py"], None),
-    # samples from train data, optimizer steps, micro-batches, padding, response log-probs
+    # samples from train data, optimizer steps (by rollout), per-rollout weights, micro-batches, padding, log-probs
     "pipeline/train/batches.py": (["tests/train/test_batches.py", "tests/train/test_policy_gradient.py",
                                    "tests/train/test_shared_prompt.py"], None),
     # one prompt forward per group, responses in passes of similar length (equal to the per-sample pass)
@@ -136,8 +145,12 @@ MODULES: dict[str, tuple[list[str], list[str] | None]] = {
     "pipeline/plugins.py": (["tests/test_allowlist.py", "tests/test_security.py",
                              "tests/test_config.py"],
                             [f"pipeline.plugins.x_{fn}__mutmut_*" for fn in (
-                                "_allowed_prefixes", "check_allowed", "load_object", "_check_origin", "_check_tree",
-                                "allowed_targets")]),
+                                "_allowed_prefixes", "check_allowed", "load_object", "_import_hint", "_check_origin",
+                                "_check_tree", "allowed_targets")]),
+    # the Sample's growth and meta_info folding (slime's append_response_tokens), its dict form (issue 31)
+    "pipeline/sample.py": (["tests/data/test_sample.py", "tests/data/test_sample_slime.py"], None),
+    # override quoting both ways and the `+key` typo warning with its edit distance (issue 31)
+    "pipeline/overrides.py": (["tests/test_overrides.py"], None),
 }
 
 # Each test's limits in a module's run (tests/conftest.py applies them). The CPU-time cap is the

@@ -118,11 +118,8 @@ EQUIVALENT: dict[str, str] = {
        "importance ratio that is an exp (> 0): the lower clamp bound is never reached" for i in (42, 47)},
     "pipeline.train.losses.x_compute_policy_loss__mutmut_43": (
         "at A = 0 the PPO loss and the dual-clip cap are both 0 (-0 * x), so capping it changes nothing"),
-    "pipeline.train.losses.x_sample_mean_reducer__mutmut_14": (
+    "pipeline.train.losses.x_sample_mean_reducer__mutmut_28": (
         "an empty micro-batch's flat tensor is empty: its sum is 0 whatever it is multiplied by"),
-    "pipeline.train.losses.x_sample_mean_reducer__mutmut_39": (
-        "the reduced values are float32 or float64 (batches._at_least_float32, float32 advantages); torch promotes "
-        "the float32 weights to that dtype exactly, as .to(x.dtype) does"),
     # pipeline/train/objective.py
     "pipeline.train.objective.x_policy_loss__mutmut_106": (
         "with kl_loss_coef 0 the KL never joins the loss, so computing it from log-probs that are not detached "
@@ -259,4 +256,18 @@ EQUIVALENT: dict[str, str] = {
     "pipeline.train.distributed.split.x_balance__mutmut_29": (
         "every worker's load starting at 1 instead of 0 adds the same constant to all loads: the least-loaded "
         "worker, ties by rank, is the same at every choice"),
+    # pipeline/rewards/remote.py
+    **{f"pipeline.rewards.remote.xǁRemoteRewardǁ__init____mutmut_{i}": "a default of RemoteReward's own: the "
+       "dispatcher always passes the reward.remote_* values (conf/reward/math.yaml), so it is never used"
+       for i in (1, 2, 3, 4)},
+    "pipeline.rewards.remote.xǁRemoteRewardǁ__init____mutmut_23": (
+        "httpx's connection limit: the LoopLocal semaphore of the same size admits no more requests at "
+        "once, so the pool never holds more (test_remote_concurrency_limit_and_rm_url_fallback pins it)"),
+    "pipeline.rewards.remote.xǁRemoteRewardǁ__init____mutmut_25": (
+        "httpx's connection limit: the LoopLocal semaphore of the same size admits no more requests at "
+        "once, so the pool never holds more (test_remote_concurrency_limit_and_rm_url_fallback pins it)"),
+    # pipeline/overrides.py
+    "pipeline.overrides.x_edit_distance__mutmut_1": (
+        "`before`'s first value is never read: the swap branch needs i > 1, and by then `before` is the row "
+        "before `prev`"),
 }

@@ -108,3 +108,23 @@ def test_allowed_targets_from_an_args_view_without_the_keys_is_no_check():
 
     assert allowed_targets(SimpleNamespace()) is None  # a plugin's own args namespace: nothing to check
     assert allowed_targets(SimpleNamespace(allowed_targets=["pipeline."])) == ("pipeline.",)
+
+
+def test_a_package_a_plugin_module_imports_is_named_with_the_file_and_line(tmp_path, monkeypatch):
+    pkg = tmp_path / "rp_fake_grader_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "helpers.py").write_text("import os\n")
+    (pkg / "grader.py").write_text("import re\nfrom . import helpers\nimport no_such_dep_xyz.sub\n\n\ndef fn():\n    pass\n")
+    (pkg / "own.py").write_text("from rp_fake_grader_pkg import missing_sibling\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(PluginImportError) as err:
+        load_object("rp_fake_grader_pkg.grader.fn", ("rp_fake_grader_pkg.",), "reward")
+    assert str(err.value) == (
+        f"reward: cannot import 'rp_fake_grader_pkg.grader.fn': ModuleNotFoundError: No module named 'no_such_dep_xyz'; "
+        f"{pkg / 'grader.py'} line 3 imports 'no_such_dep_xyz', which is not installed in this environment: "
+        f"pip install no_such_dep_xyz (or the distribution that provides it)")
+    with pytest.raises(PluginImportError) as err:  # a module of the plugin's own package: the error says it all
+        load_object("rp_fake_grader_pkg.own.fn", ("rp_fake_grader_pkg.",), "reward")
+    assert str(err.value).endswith("ImportError: cannot import name 'missing_sibling' from 'rp_fake_grader_pkg' "
+                                   f"({pkg / '__init__.py'})")

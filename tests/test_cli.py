@@ -182,6 +182,20 @@ def test_slime_plugins_by_dotted_path(data, tmp_path):
         "tokens", "response_lengths", "rewards", "sample_indices", "loss_masks", "converted_by"}
 
 
+@pytest.mark.timeout(240)
+def test_a_plus_key_one_typo_from_a_known_key_is_warned_at_the_top_of_the_run_log(data, tmp_path):
+    """Hydra refuses `n_sample_per_prompt=4` and suggests `+n_sample_per_prompt=4`, which then ran at
+    the default silently; a key of one's own plugin, far from every known key, stays quiet."""
+    run_dir = tmp_path / "run"
+    proc = run_cli(base(data) + ["logger=jsonl", "num_rollout=1", "+n_sample_per_prompt=4", "+my_plugin_knob=3",
+                                 f"hydra.run.dir={run_dir}"])
+    hint = "did you mean n_samples_per_prompt?"
+    console = proc.stdout + proc.stderr
+    assert hint in console and "my_plugin_knob" not in console
+    head = (run_dir / "run.log").read_text().splitlines()[:3]
+    assert any(hint in line and "+n_sample_per_prompt=4" in line for line in head), head
+
+
 @pytest.mark.timeout(120)
 def test_help_lists_groups_and_cfg_job_prints_config(data):
     out = run_cli(["--help"]).stdout

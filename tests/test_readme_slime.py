@@ -71,3 +71,26 @@ def test_every_slime_hook_key_and_args_mirror_is_in_the_table():
     mirrors = set(_DATA_MIRRORS.values()) | set(_REWARD_MIRRORS.values()) | {
         "advantage_estimator", "buffer_filter_path", "dynamic_sampling_filter_path", "eval_prompt_data"}
     assert mirrors <= names, f"args mirrors missing from the table: {sorted(mirrors - names)}"
+
+
+def test_the_command_for_slime_s_own_async_rm_works_as_written(tmp_path):
+    """The section's command for slime's `rm_hub.async_rm`: slime's source on PYTHONPATH, the pip packages
+    the error names, and overrides that pass the allowlist. Here slime's source is not on the path, so
+    what remains is the import, refused saying what to install (checked once against slime's real
+    source, not committed)."""
+    import shlex
+
+    from pipeline.config import to_plain_lenient
+    from pipeline.config_rules import collect_problems
+    from pipeline.slime_compat import SLIME_PIP_PACKAGES
+
+    text = SECTION.group(1)
+    assert f"pip install {' '.join(SLIME_PIP_PACKAGES)}" in text
+    (command,) = [line for line in text.splitlines() if "run.py" in line and "slime.rollout.rm_hub.async_rm" in line]
+    words = shlex.split(command.split("#")[0])
+    assert words[0].startswith("PYTHONPATH=") and words[1:3] == ["python", "run.py"], command
+    cfg = compose_cfg(tmp_path, words[3:])
+    problems = [p for p in collect_problems(to_plain_lenient(cfg)) if "slime" in p]
+    assert len(problems) == 1 and "is not allowed" not in problems[0], problems
+    assert problems[0].startswith("reward.custom_rm_path: reward function (custom_rm_path): cannot import "
+                                  "'slime.rollout.rm_hub.async_rm'") and "PYTHONPATH" in problems[0]

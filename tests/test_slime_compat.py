@@ -109,3 +109,48 @@ def test_a_slime_plugin_file_with_slimes_imports_runs_unchanged(tmp_path):
         assert reasons <= {"rollout/dynamic_filter/drop_same_reward_0", "rollout/dynamic_filter/drop_same_reward_1"}
         kept += row["rollout/raw_reward"] not in (0.0, 1.0)
     assert kept  # mixed groups were kept
+
+
+def test_a_missing_slime_module_says_what_to_put_on_the_path_and_install():
+    """Without slime's source on the path, a `slime.` plugin beyond the type modules fails naming what
+    running slime's own plugins takes (README 'Porting from slime')."""
+    proc = python('''
+        from pipeline.plugins import PluginImportError, load_object
+        try:
+            load_object("slime.rollout.rm_hub.async_rm", ("pipeline.", "slime."), "reward function (custom_rm_path)")
+        except PluginImportError as exc:
+            print("REFUSED", exc)
+    ''')
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert out.startswith("REFUSED reward function (custom_rm_path): cannot import 'slime.rollout.rm_hub.async_rm': "
+                          "ModuleNotFoundError: No module named 'slime.rollout.rm_hub': slime is not installed here")
+    assert "put slime's source on PYTHONPATH (PYTHONPATH=<your slime checkout> python run.py ...)" in out
+    assert "pip install pylatexenc aiohttp" in out and "README 'Porting from slime'" in out
+
+
+def test_a_missing_dependency_of_slime_s_source_is_named_with_the_line_that_imports_it(tmp_path):
+    """slime's source on the path, a package its grader imports missing (pylatexenc, as at @624b824):
+    the error names the package, the file and line importing it, and what slime's plugins need."""
+    hub = tmp_path / "src" / "slime" / "rollout" / "rm_hub"
+    hub.mkdir(parents=True)
+    for pkg in (tmp_path / "src" / "slime", hub.parent):
+        (pkg / "__init__.py").write_text("")
+    (hub / "__init__.py").write_text("from .math_utils import grade\n\n\nasync def async_rm(args, sample, **kwargs):\n"
+                                     "    return grade(sample.response, sample.label)\n")
+    (hub / "math_utils.py").write_text("import re\nfrom no_such_latex_package_xyz import latex2text\n\n\n"
+                                       "def grade(response, label):\n    return 1\n")
+    proc = python('''
+        from pipeline.plugins import PluginImportError, load_object
+        try:
+            load_object("slime.rollout.rm_hub.async_rm", ("slime.",), "reward function (custom_rm_path)")
+        except PluginImportError as exc:
+            print("REFUSED", exc)
+    ''', tmp_path / "src")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "ModuleNotFoundError: No module named 'no_such_latex_package_xyz'" in out
+    assert (f"{hub / 'math_utils.py'} line 2 imports 'no_such_latex_package_xyz', which is not installed in this "
+            f"environment: pip install no_such_latex_package_xyz (or the distribution that provides it)") in out
+    assert ("slime's own plugins need slime's source on PYTHONPATH (PYTHONPATH=<your slime checkout> python run.py "
+            "...), allowed_targets_extra=[slime.] and pip install pylatexenc aiohttp (README 'Porting from slime')") in out

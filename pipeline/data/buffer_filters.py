@@ -3,6 +3,8 @@
 A filter returns at most `num_samples` groups and removes what it returns from `buffer`
 (in place). Any function with that signature works; stateful filters are callables with
 `state_dict()` / `load_state_dict()`, and the data source checkpoints their state.
+`left_in_buffer` finds returned samples a filter did not remove (the buffered source warns the
+first time and fails when it would hand such a group out again).
 """
 
 from __future__ import annotations
@@ -13,13 +15,27 @@ from typing import Any
 from pipeline.plugins import Needs
 from pipeline.sample_versions import group_staleness, serving_version
 
-__all__ = ["pop_first", "reward_topk", "OldestFirst", "oldest_first", "group_mean_reward", "NEEDS_BUFFER"]
+__all__ = ["pop_first", "reward_topk", "OldestFirst", "oldest_first", "group_mean_reward", "NEEDS_BUFFER",
+           "left_in_buffer", "REMOVE_HINT"]
 
 # what a filter that ranks or drops buffered groups declares (`plugin_requires`): pop_first
 # declares nothing, it works on any source
 NEEDS_BUFFER = (Needs("data_source", "buffer", "data_source=buffered (or filter=pop_first)"),)
 
 logger = logging.getLogger(__name__)
+
+
+# what the error for a filter that leaves its groups in the buffer tells the user to do
+REMOVE_HINT = ("a buffer filter must remove the groups it returns from `buffer` (in place: `del buffer[:n]`, "
+               "`buffer.remove(group)` or `buffer[:] = rest`, as slime's pop_first does); otherwise every "
+               "rollout serves the same groups again and the buffer only grows")
+
+
+def left_in_buffer(groups: list[list[Any]], buffer: list[list[Any]]) -> list[list[Any]]:
+    """The returned `groups` that still have a sample in `buffer` (by identity: the filter did not
+    remove them); empty for a filter that keeps the contract."""
+    buffered = {id(s) for group in buffer for s in group}
+    return [group for group in groups if any(id(s) in buffered for s in group)]
 
 
 def pop_first(args: Any, rollout_id: int | None, buffer: list[list[Any]], num_samples: int) -> list[list[Any]]:

@@ -22,7 +22,7 @@ from typing import Any, Callable
 import numpy as np
 
 from pipeline.data import checkpoint as ckpt
-from pipeline.data.buffer_filters import pop_first
+from pipeline.data.buffer_filters import REMOVE_HINT, left_in_buffer, pop_first
 from pipeline.data.dataset import PromptDataset
 from pipeline.data.errors import DataError
 from pipeline.data.lengths import ArrayCache
@@ -51,12 +51,11 @@ _FAST_INIT = _FRESH_FIELDS == {"tokens", "apply_chat_template_kwargs", "weight_v
 _TEMPLATE = dict(Sample().__dict__)
 
 
-def _slime_form(slime_args: Any, prompt_data: Any, n_samples_per_prompt: Any, args: Any) -> Any:
-    """The slime args namespace when a source is built slime's way (`cls(args)`, or
-    `cls(args=args)` without prompt_data and n_samples_per_prompt), else None."""
-    if slime_args is not None:
-        return slime_args
-    return args if args is not None and prompt_data is None and n_samples_per_prompt is None else None
+def _slime_form(args: Any, prompt_data: Any, n_samples_per_prompt: Any) -> bool:
+    """Whether a source is built slime's way: `cls(args)` or `cls(args=args)`, args alone (with
+    prompt_data or n_samples_per_prompt given it is our keyword form, and args is what buffer
+    filters receive)."""
+    return args is not None and prompt_data is None and n_samples_per_prompt is None
 
 
 def _copies(obj: Any, n: int) -> list[Any]:
@@ -116,7 +115,8 @@ class PlainDataSource(CheckpointMixin):
     Build it from keywords (Hydra: `conf/data_source/plain.yaml`) or, as slime's RolloutManager
     builds `--data-source-path`, from a slime args namespace alone: `PlainDataSource(args)`,
     `PlainDataSource(args=args)` (args given, neither prompt_data nor n_samples_per_prompt) or
-    `PlainDataSource.from_args(args)`; then `tokenizer`, `save_dir` and `load_dir` keywords still
+    `PlainDataSource.from_args(args)`; the first parameter is `args`, as in slime's
+    `DataSource.__init__(self, args)`. Then `tokenizer`, `save_dir` and `load_dir` keywords still
     apply, and `args.save` / `args.load` give `<save>/rollout` / `<load>/rollout`.
     `prompt_data` (the prompt file, slime's name; `file@[a:b]` slices allowed), the keys and
     `max_prompt_len` define the prompts (see `PromptDataset`); `seed`/`shuffle` the epoch order (docs/contracts.md §3); `save_dir`/`load_dir`,
@@ -133,8 +133,7 @@ class PlainDataSource(CheckpointMixin):
 
     def __init__(
         self,
-        slime_args: Any = None,
-        /,
+        args: Any = None,
         *,
         prompt_data: str | None = None,
         n_samples_per_prompt: int | None = None,
@@ -154,15 +153,16 @@ class PlainDataSource(CheckpointMixin):
         load_dir: str | os.PathLike | None = None,
         keep_checkpoints: int = 3,
         allow_data_change: bool = False,
-        args: Any = None,
     ) -> None:
-        slime_args = _slime_form(slime_args, prompt_data, n_samples_per_prompt, args)
-        if slime_args is not None:  # slime style: DataSource(args) / DataSource(args=args)
-            kwargs = kwargs_from_args(slime_args)
+        if _slime_form(args, prompt_data, n_samples_per_prompt):  # slime style: DataSource(args) / (args=args)
+            kwargs = kwargs_from_args(args)
             kwargs.pop("buffer_filter_path")
+            if kwargs["n_samples_per_prompt"] is None:
+                raise DataError("data source built from args alone: args has no n_samples_per_prompt "
+                                "(slime's --n-samples-per-prompt), expected an integer >= 1")
             given = {"tokenizer": tokenizer, "save_dir": save_dir, "load_dir": load_dir}
             kwargs.update({k: v for k, v in given.items() if v is not None})
-            PlainDataSource.__init__(self, **kwargs, args=slime_args)
+            PlainDataSource.__init__(self, args, **kwargs)
             return
         if not prompt_data and not self.buffer_only_ok:
             raise DataError("data source: prompt_data is required; without a prompt file use "
@@ -318,20 +318,23 @@ class BufferedDataSource(PlainDataSource):
     buffer_only_ok = True
     plugin_provides: frozenset[str] = frozenset({"buffer"})
 
-    def __init__(self, slime_args: Any = None, /, *, buffer_filter: Callable[..., Any] | str | None = None,
+    def __init__(self, args: Any = None, *, buffer_filter: Callable[..., Any] | str | None = None,
                  **kwargs: Any) -> None:
-        form = _slime_form(slime_args, kwargs.get("prompt_data"), kwargs.get("n_samples_per_prompt"), kwargs.get("args"))
-        if form is not None and buffer_filter is None:
-            buffer_filter = getattr(form, "buffer_filter_path", None)
-        super().__init__(slime_args, **kwargs)
-        if isinstance(buffer_filter, str):
-            buffer_filter = import_path(buffer_filter, form)
+        slime_form = _slime_form(args, kwargs.get("prompt_data"), kwargs.get("n_samples_per_prompt"))
+        if slime_form and buffer_filter is None:
+            buffer_filter = getattr(args, "buffer_filter_path", None)
+        super().__init__(args, **kwargs)
+        if isinstance(buffer_filter, str):  # inside the allowlist a slime-form args carries
+            buffer_filter = import_path(buffer_filter, args if slime_form else None)
             if isinstance(buffer_filter, type):  # a stateful filter class: default instance
                 buffer_filter = buffer_filter()
         if buffer_filter is not None and not callable(buffer_filter):
             raise DataError(f"buffer_filter must be callable (args, rollout_id, buffer, num_samples), got {buffer_filter!r}")
         self.buffer_filter = buffer_filter or pop_first
         self.buffer: list[list[Any]] = []
+        # samples the filter handed out without removing them from the buffer, by id (the objects are
+        # kept, so an id is not reused while recorded): handing one out again is an error
+        self._served_in_buffer: dict[int, Any] = {}
 
     def get_samples(self, num_samples: int, rollout_id: int | None = None) -> list[list[Any]]:
         """Groups from the buffer filter first, topped up from the dataset (or with empty samples)."""
@@ -345,10 +348,37 @@ class BufferedDataSource(PlainDataSource):
                 raise DataError(f"buffer filter {name} must return a list of groups (lists), got {type(got).__name__}")
             if len(got) > num_groups:
                 raise DataError(f"buffer filter {name} returned {len(got)} groups for a request of {num_groups}")
+            self._check_removed(got, rid)
             groups = got
         if len(groups) < num_groups:
             groups = groups + super().get_samples(num_groups - len(groups))
         return groups
+
+    def _check_removed(self, got: list[list[Any]], rollout_id: int | None) -> None:
+        """Warn when the filter returned groups without removing them from the buffer; raise
+        DataError when it hands out such a group again while it is still there."""
+        kept = left_in_buffer(got, self.buffer)
+        if not kept and not self._served_in_buffer:
+            return  # the filter keeps the contract
+        buffered = {id(s) for group in self.buffer for s in group}
+        # a sample that left the buffer since is forgotten (add_samples may bring it back to be served again)
+        served = {k: s for k, s in self._served_in_buffer.items() if k in buffered}
+        f = self.buffer_filter
+        name = ".".join(filter(None, (getattr(f, "__module__", None) or type(f).__module__,
+                                      getattr(f, "__qualname__", None) or type(f).__qualname__)))
+        for group in kept:
+            if any(served.get(id(s)) is s for s in group):
+                first = group[0] if group else None
+                raise DataError(
+                    f"buffer filter {name} handed out group {getattr(first, 'group_index', None)} (sample indices "
+                    f"{[getattr(s, 'index', None) for s in group]}) again in rollout {rollout_id} while it is still "
+                    f"in the buffer: {REMOVE_HINT}")
+        if kept:
+            logger.warning("buffer filter %s returned %d groups in rollout %s but did not remove them from the buffer "
+                           "(groups %s); handing one out again fails: %s", name, len(kept), rollout_id,
+                           [getattr(g[0], "group_index", None) for g in kept if g], REMOVE_HINT)
+        served.update((id(s), s) for group in kept for s in group)
+        self._served_in_buffer = served
 
     def add_samples(self, samples: list[list[Any]]) -> None:
         """Append groups to the buffer; each must hold exactly n_samples_per_prompt samples."""
@@ -390,5 +420,6 @@ class BufferedDataSource(PlainDataSource):
             state = json.loads(json.dumps(state, default=json_default))
         super().load_state_dict(state, source=source, copy_state=False)
         self.buffer = ckpt.decode_groups(state["buffer"]) if state.get("buffer") else []
+        self._served_in_buffer = {}
         if state.get("buffer_filter") is not None and hasattr(self.buffer_filter, "load_state_dict"):
             self.buffer_filter.load_state_dict(state["buffer_filter"])

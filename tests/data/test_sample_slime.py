@@ -127,7 +127,8 @@ def test_weight_version_and_counters_fold_in_like_slime() -> None:
     assert s.spec_info == Sample.SpecInfo()  # no speculative decoding: completion tokens are not counted
     spec = {"finish_reason": {"type": "stop"}, "weight_version": "v3", "cached_tokens": 3, "prompt_tokens": 3,
             "spec_accept_token_num": 4, "spec_draft_token_num": 6, "spec_verify_ct": 2, "completion_tokens": 5}
-    s.append_response_tokens(tokens=[4, 5], log_probs=[-0.1, -0.2], meta_info=spec)
+    s.append_response_tokens(SimpleNamespace(sglang_speculative_algorithm="EAGLE"), tokens=[4, 5],
+                             log_probs=[-0.1, -0.2], meta_info=spec)
     assert s.weight_versions == ["v2", "v3"] and s.status is Sample.Status.COMPLETED
     assert s.prefix_cache_info == Sample.PrefixCacheInfo(cached_tokens=5, total_prompt_tokens=5)
     assert s.spec_info == Sample.SpecInfo(spec_accept_token_num=4, spec_draft_token_num=6, spec_verify_ct=2,
@@ -137,6 +138,35 @@ def test_weight_version_and_counters_fold_in_like_slime() -> None:
     t.append_response_tokens(SimpleNamespace(sglang_speculative_algorithm="EAGLE"), tokens=[1],
                              meta_info={"finish_reason": {"type": "length"}, "completion_tokens": 1})
     assert t.spec_info.completion_token_num == 1 and t.status is Sample.Status.TRUNCATED
+
+
+@pytest.mark.parametrize("args", [None, SimpleNamespace(), SimpleNamespace(sglang_speculative_algorithm=None),
+                                  SimpleNamespace(sglang_speculative_algorithm=False)])
+def test_spec_info_stays_zero_unless_speculative_decoding_is_on(args) -> None:
+    """slime's test_spec_info_only_updated_when_speculative_enabled: the counters are added only under
+    args.sglang_speculative_algorithm, even when the engine's meta_info carries them."""
+    meta = {"finish_reason": {"type": "stop"}, "spec_accept_token_num": 7, "spec_draft_token_num": 10,
+            "spec_verify_ct": 3, "completion_tokens": 9}
+    off = Sample()
+    off.append_response_tokens(args, tokens=[], meta_info=meta)
+    assert off.spec_info == Sample.SpecInfo() and off.status is Sample.Status.COMPLETED
+    on = Sample()
+    on.append_response_tokens(SimpleNamespace(sglang_speculative_algorithm="EAGLE"), tokens=[], meta_info=meta)
+    assert on.spec_info == Sample.SpecInfo(spec_accept_token_num=7, spec_draft_token_num=10, spec_verify_ct=3,
+                                           completion_token_num=9)
+
+
+def test_tool_tokens_with_log_probs_are_refused_as_in_slime() -> None:
+    """slime's test_append_response_tokens_rejects_non_trainable_log_probs: tool / environment tokens
+    get log-prob 0; log-probs passed for them are a plugin's mistake, refused, changing nothing."""
+    s = Sample(tokens=[1], response_length=1, loss_mask=[1], rollout_log_probs=[-0.5])
+    with pytest.raises(ValueError, match=r"^sample 4: non-trainable response tokens should not pass rollout log "
+                                         r"probabilities: 2 given for 2 tool / environment tokens, whose log-prob is 0"):
+        s.index = 4
+        s.append_response_tokens(tokens=[7, 8], log_probs=[-0.1, -0.2], trainable=False)
+    assert s.tokens == [1] and s.response_length == 1 and s.rollout_log_probs == [-0.5]
+    s.append_response_tokens(tokens=[7, 8], trainable=False)
+    assert s.rollout_log_probs == [-0.5, 0.0, 0.0] and s.loss_mask == [1, 0, 0]
 
 
 def test_meta_info_without_finish_reason_or_with_update_terminal_info_off_changes_no_terminal_info() -> None:
@@ -196,7 +226,7 @@ def test_routed_experts_are_shaped_and_spliced() -> None:
     assert s.rollout_routed_experts == [[[0], [1]], [[2], [3]]]
     s.append_response_tokens(args, tokens=[4], meta_info={"routed_experts": [5, 6], "routed_experts_start_len": 2})
     assert s.rollout_routed_experts == [[[0], [1]], [[2], [3]], [[5], [6]]]
-    with pytest.raises(ValueError, match="3 routed experts for 4 tokens x 2 layers x top-1"):
+    with pytest.raises(ValueError, match="routed_experts element count 3 does not match 4 tokens x 2 layers x top-1"):
         s.append_response_tokens(args, tokens=[5], meta_info={"routed_experts": [1, 2, 3]})
     with pytest.raises(ValueError, match=r"args.num_layers and args.moe_router_topk are needed"):
         s.append_response_tokens(None, tokens=[5], meta_info={"routed_experts": [1, 2]})

@@ -168,3 +168,27 @@ def test_the_slime_forms_build_the_same_source(tmp_path: Path) -> None:
         from pipeline import PlainDataSource
 
         PlainDataSource(args=slime_args("--rollout-batch-size", "1"))
+
+
+@pytest.mark.parametrize("cls_name", ["PlainDataSource", "BufferedDataSource"])
+def test_the_constructor_reads_args_first_as_slime_s_plugin_contract_checks(tmp_path: Path, cls_name: str) -> None:
+    """slime's plugin-contract test reads `inspect.signature(cls.__init__)` and wants ("self", "args")
+    first; `cls(args)`, `cls(args=args)` and our keyword form all still build a source."""
+    import inspect
+
+    import pipeline
+
+    cls = getattr(pipeline, cls_name)
+    params = inspect.signature(cls.__init__).parameters
+    assert tuple(params)[:2] == ("self", "args")
+    assert params["args"].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+    data = write_jsonl(tmp_path / "p.jsonl", make_rows(3))
+    args = slime_args("--prompt-data", data, "--n-samples-per-prompt", "2", "--rollout-batch-size", "1")
+    by_position, by_keyword = cls(args), cls(args=args)
+    assert by_position.args is args and by_keyword.args is args
+    assert [s.prompt for g in by_position.get_samples(3) for s in g] == \
+        [s.prompt for g in by_keyword.get_samples(3) for s in g]
+    filter_args = argparse.Namespace(reward_key=None)  # the keyword form: args is what buffer filters get
+    native = cls(args=filter_args, prompt_data=data, n_samples_per_prompt=2, label_key=None,
+                 apply_chat_template=False)
+    assert native.args is filter_args and native.n_samples_per_prompt == 2 and len(native) == 3

@@ -175,6 +175,47 @@ def test_buffer_filter_returning_too_much_is_an_error(data5: str) -> None:
         src.get_samples(1)
 
 
+def slime_doc_buffer_filter(args, rollout_id, buffer: list[list[Sample]], num_samples: int) -> list[list[Sample]]:
+    """A buffer filter as slime's own docs describe one (docs/en/get_started/customization.md §5: this
+    signature, "implementing priority-based sample selection"; .claude/skills/add-dynamic-filter:
+    `return selected_groups`), written as a new user would: nothing there says to remove the groups."""
+    selected_groups = sorted(buffer, key=lambda group: -sum(s.reward for s in group))[:num_samples]
+    return selected_groups
+
+
+def test_a_buffer_filter_that_leaves_its_groups_in_the_buffer_fails_on_the_second_hand_out(data5: str, caplog) -> None:
+    src = BufferedDataSource(prompt_data=data5, n_samples_per_prompt=2, buffer_filter=slime_doc_buffer_filter,
+                             label_key=None, apply_chat_template=False)
+    groups = src.get_samples(4)
+    for k, group in enumerate(groups):
+        for s in group:
+            s.reward = float(k)
+    src.add_samples(groups)  # e.g. the surplus of an over-sampling round
+    src.begin_rollout(1)
+    with caplog.at_level("WARNING", logger="pipeline.data.sources"):
+        first = src.get_samples(2)
+    assert [g[0].group_index for g in first] == [3, 2] and src.get_buffer_length() == 4
+    assert "did not remove them from the buffer" in caplog.text and "slime_doc_buffer_filter" in caplog.text
+    src.begin_rollout(2)
+    with pytest.raises(DataError) as err:
+        src.get_samples(2)  # the same two groups again: they never left the buffer
+    message = str(err.value)
+    assert re.match(r"buffer filter (tests\.data\.)?test_sources\.slime_doc_buffer_filter handed out group 3 "
+                    r"\(sample indices \[6, 7\]\) again in rollout 2 while it is still in the buffer: ", message)
+    assert "must remove the groups it returns from `buffer` (in place" in message
+
+
+def test_groups_that_come_back_to_the_buffer_may_be_served_again(data5: str, caplog) -> None:
+    """Partial rollouts: a served group that add_samples puts back is served again, and a filter that
+    keeps what it did not return is fine; neither is the unremoved-group error."""
+    src = BufferedDataSource(prompt_data=data5, n_samples_per_prompt=1, label_key=None, apply_chat_template=False)
+    src.add_samples(src.get_samples(3))
+    for rollout in range(4):
+        served = src.get_samples(2, rollout_id=rollout)
+        src.add_samples(served)  # the same Sample objects back (unfinished), served again next time
+    assert src.get_buffer_length() == 3 and "did not remove" not in caplog.text
+
+
 class KeepAll:
     """A callable buffer filter object (no __qualname__ of its own: errors name its class)."""
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 from enum import Enum
+from types import SimpleNamespace
 from typing import Any
 
 from pipeline.sample import Sample
@@ -18,6 +19,10 @@ class Status(Enum):  # stands in for slime.utils.types.Sample.Status (a plain En
     TRUNCATED = "truncated"
     ABORTED = "aborted"
     FAILED = "failed"
+
+
+# the speculative-decoding counters are folded in only under slime's flag (as in slime)
+_SPECULATIVE = SimpleNamespace(sglang_speculative_algorithm="EAGLE")
 
 
 def _int32(values: list[int]) -> str:
@@ -42,7 +47,7 @@ def fill(sample: Sample, rollout_id: int) -> None:
     sample.train_metadata = {"loss": "ppo"}
     sample.session_id = f"s{i}"
     sample.non_generation_time = 0.5 + i
-    sample.append_response_tokens(args=None, tokens=[20 + i % 5, 21], log_probs=[-0.25, -1.0 / (i + 3)],
+    sample.append_response_tokens(args=_SPECULATIVE, tokens=[20 + i % 5, 21], log_probs=[-0.25, -1.0 / (i + 3)],
                                   text="the answer", meta_info={
                                       "top_p_token_ids": _int32([20 + i % 5, 7, 21]),
                                       "top_p_token_offsets": _int32([0, 2, 3]),
