@@ -139,10 +139,12 @@ def test_a_rows_generator_is_made_on_the_engines_device(gpus: Any, monkeypatch: 
 
 
 def test_the_packed_and_native_paths_refuse_weights_off_the_cpu(model_path: str) -> None:
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    with torch.device("meta"):  # weights with no data: enough for the decoder's checks
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, device_map="meta")
+    # weights with no data: enough for the decoder's checks (from the config: from_pretrained with
+    # device_map="meta" asks transformers >= 5.25's hub kernels for a meta device, which they refuse)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path), dtype=torch.float32)
     decoder = LeanDecoder(model, packed=True)  # float32: packed on the CPU wherever oneDNN is
     assert decoder.device.type == "meta" and not decoder.packed
     assert native_problem(decoder) == "they are CPU kernels and the model is on meta"
