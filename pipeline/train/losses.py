@@ -156,12 +156,16 @@ def vanilla_tis_function(
     tis_abs)."""
     ratio = torch.exp(torch.cat(train_log_probs) - torch.cat(rollout_log_probs))
     weights = ratio.clamp(args.tis_clip_low, args.tis_clip)
-    metrics = {
+    return pg_loss * weights, loss_masks, _tis_metrics(ratio, weights)
+
+
+def _tis_metrics(ratio: torch.Tensor, weights: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per-token TIS metrics: the ratio, where the weight differs from it, and |ratio - 1|."""
+    return {
         "tis": ratio.detach(),
         "tis_clipfrac": (weights != ratio).float().detach(),
         "tis_abs": (ratio - 1.0).abs().detach(),
     }
-    return pg_loss * weights, loss_masks, metrics
 
 
 def icepop_function(
@@ -178,12 +182,7 @@ def icepop_function(
     ratio = torch.exp(torch.cat(train_log_probs) - torch.cat(rollout_log_probs))
     inside = (ratio >= args.tis_clip_low) & (ratio <= args.tis_clip)
     weights = torch.where(inside, ratio, torch.zeros_like(ratio))
-    metrics = {
-        "tis": ratio.detach(),
-        "tis_clipfrac": (weights != ratio).float().detach(),
-        "tis_abs": (ratio - 1.0).abs().detach(),
-    }
-    return pg_loss * weights, loss_masks, metrics
+    return pg_loss * weights, loss_masks, _tis_metrics(ratio, weights)
 
 
 def compute_opsm_mask(

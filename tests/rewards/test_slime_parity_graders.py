@@ -16,7 +16,6 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from hydra import compose, initialize_config_dir
 
 from pipeline.config import ConfigError, validate
 from pipeline.rewards import dispatch
@@ -25,10 +24,10 @@ from pipeline.rewards.math import MAX_ANSWER_CHARS, grade
 from pipeline.rewards.text_rules import grade_gpqa
 from pipeline.sample import Sample
 from tests.engines.fake_server import FakeServer, serve
+from tests.rewards.test_reward_preflight import _cfg
 
 pytestmark = pytest.mark.timeout(60)
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
 
 
 # ------------------------------------------------------------------ item 7: empty labels
@@ -44,11 +43,6 @@ def _data(path: Path, rows: list[tuple[Any, str | None]]) -> Path:
     return path
 
 
-def _cfg(tmp_path: Path, data: Path, *overrides: str):
-    base = [f"paths.output_dir={tmp_path}/out", f"data_source.prompt_data={data}", f"paths.cache_dir={tmp_path}/cache",
-            "engine=scripted", "logger=jsonl"]
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose(config_name="config", overrides=base + list(overrides))
 
 
 @pytest.mark.parametrize("empty", ["", " ", "\\boxed{}", "\\boxed{ }", "\\fbox{}"])
