@@ -39,6 +39,19 @@ class ConsoleFilter(logging.Filter):
         return record.levelno >= logging.WARNING or record.name.startswith(PROGRESS_LOGGER)
 
 
+class _RaySignalNotice(logging.Filter):
+    """Drops Ray's "SIGTERM handler is not set because current thread is not the main thread"
+    (ray.init from a worker thread of ours: the run handles its signals in the main thread)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """False for Ray's signal-handler notice."""
+        return not str(record.msg).startswith("SIGTERM handler is not set")
+
+
+# the logger Ray's notice comes from (it may not propagate to the root's handlers)
+_RAY_WORKER_LOGGER = "ray._private.worker"
+
+
 class _ConsoleFormatter(logging.Formatter):
     """Progress lines as they are; other records as `WARNING [logger] message`."""
 
@@ -59,6 +72,9 @@ def configure_console() -> None:
     # transformers' / huggingface_hub's "Loading weights" bars (read when they are imported);
     # HF_HUB_DISABLE_PROGRESS_BARS=0 brings them back
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    ray_worker = logging.getLogger(_RAY_WORKER_LOGGER)
+    if not any(isinstance(f, _RaySignalNotice) for f in ray_worker.filters):
+        ray_worker.addFilter(_RaySignalNotice())
     root = logging.getLogger()
     if root.getEffectiveLevel() <= logging.DEBUG:
         return

@@ -90,3 +90,24 @@ def test_a_trainer_s_loss_grad_norm_and_lr_are_on_the_line_and_in_the_summary(tm
     assert summary[0] == "| rollout | reward | pass | len | dropped | buffer | time s | loss | grad norm | lr |"
     assert summary[2].startswith("| 0 | 0.250 |") and summary[2].endswith("| - | - | - |")
     assert summary[3].endswith("| -0.0123 | 1.500 | 1.00e-06 |")
+
+
+def test_rays_signal_handler_notice_is_kept_off_the_console():
+    configure_console()
+    configure_console()  # idempotent: one filter
+    ray_worker = logging.getLogger("ray._private.worker")
+    assert sum(type(f).__name__ == "_RaySignalNotice" for f in ray_worker.filters) == 1
+    seen: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    handler = Keep()
+    ray_worker.addHandler(handler)
+    try:
+        ray_worker.warning("SIGTERM handler is not set because current thread is not the main thread.")
+        ray_worker.warning("some other Ray warning")
+    finally:
+        ray_worker.removeHandler(handler)
+    assert seen == ["some other Ray warning"]
