@@ -17,11 +17,11 @@ import torch
 import torch.distributed as dist
 
 from pipeline.train.distributed import shards
-from pipeline.train.distributed.strategy import TorchParallel
 from pipeline.train.parallel import Parallel
 from pipeline.train.policy_gradient import PolicyGradientTrainer
 from pipeline.train.state import FORMAT_VERSION, rng_state
-from trainer_fixtures import group, tiny_llama, train_data, yaml_keys  # noqa: F401 (group: a fixture)
+from test_distributed_fast import built, keys, max_diff, one_rank, plain  # the one-rank trainer builders
+from trainer_fixtures import group, tiny_llama, train_data  # noqa: F401 (group: a fixture)
 
 torch.set_num_threads(1)
 
@@ -33,30 +33,6 @@ CPU = torch.device("cpu")
 def exactly(message: str) -> str:
     """A pytest.raises pattern of the whole message (re.search would accept any text around it)."""
     return f"^{re.escape(message)}$"
-
-
-def keys(**overrides):
-    return yaml_keys(**{"lr": 1e-2, "micro_batch_size": 2, "entropy_coef": 0.01, **overrides})
-
-
-def built(t: PolicyGradientTrainer) -> PolicyGradientTrainer:
-    """`t` with its model and optimizer made now, right after the trainer seeded the streams."""
-    _ = t.optimizer
-    return t
-
-
-def plain(base, **overrides) -> PolicyGradientTrainer:
-    return built(PolicyGradientTrainer(model=copy.deepcopy(base), **keys(**overrides)))
-
-
-def one_rank(base, strategy_name, parallel_options=None, **overrides) -> PolicyGradientTrainer:
-    parallel = TorchParallel(strategy_name, CPU, **(parallel_options or {}))
-    return built(PolicyGradientTrainer(model=copy.deepcopy(base), parallel=parallel, **keys(**overrides)))
-
-
-def max_diff(a: dict, b: dict) -> float:
-    assert set(a) == set(b)
-    return max(float((torch.as_tensor(a[k]).double() - torch.as_tensor(b[k]).double()).abs().max()) for k in a)
 
 
 def snapshot(model, lora: bool) -> dict:
