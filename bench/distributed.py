@@ -6,7 +6,13 @@ Cases (each in processes of its own, alternated `--repeat` times):
 - `one`: `trainer.num_workers=1`, `trainer.num_threads=<cores>` (a subprocess of its own);
 - `fsdp2` / `ddp`: `trainer.num_workers=<workers>`, `trainer.num_threads=<cores / workers>`;
 - `fsdp2-bf16`: fsdp2 with `trainer.param_dtype=bfloat16` (half the bytes of each all-gather)
-  and `trainer.fsdp_reshard_after_forward=false` (one all-gather per micro-batch).
+  and `trainer.fsdp_reshard_after_forward=false` (one all-gather per micro-batch);
+- `fsdp2-bf16-reshard`: bfloat16 parameters, resharded after each forward (the least memory);
+- `fsdp2-kept`: fsdp2 with `trainer.release_freed_memory=false` (glibc keeps freed memory, as
+  the one process does);
+- `one-released`: the one process under the workers' malloc policy (`pipeline.malloc.
+  release_freed_memory`), so that the memory ratio can also be read with the same allocator on
+  both sides (`peak_rss_ratio_worker_over_one_released`).
 Reported: seconds per optimizer step (median of the steps after the first), the ratio
 one / distributed (issue 29 expects >= 0.7 with 2 workers x 1 thread on 2 cores: the point is
 scale, not speed on 2 cores), peak RSS of the one process and of each worker, their ratio (target
@@ -39,7 +45,10 @@ sys.path.insert(0, str(ROOT))
 CASES: dict[str, tuple[str, list[str]]] = {
     "fsdp2": ("fsdp2", []), "ddp": ("ddp", []),
     "fsdp2-bf16": ("fsdp2", ["trainer.param_dtype=bfloat16", "trainer.fsdp_reshard_after_forward=false"]),
+    "fsdp2-bf16-reshard": ("fsdp2", ["trainer.param_dtype=bfloat16"]),
+    "fsdp2-kept": ("fsdp2", ["trainer.release_freed_memory=false"]),
 }
+ONE_CASES = ("one", "one-released")
 
 
 def rollout_data(out_dir: Path) -> Path:
@@ -75,9 +84,11 @@ def child_one(a: argparse.Namespace) -> None:
     """The one-process trainer (run as a subprocess): JSON on stdout."""
     import torch
 
-    from pipeline import load_train_data
+    from pipeline import load_train_data, malloc
     from pipeline.train.policy_gradient import PolicyGradientTrainer
 
+    if a.release:
+        print(malloc.release_freed_memory(), file=sys.stderr)
     data = load_train_data(a.data)
     t = PolicyGradientTrainer(**trainer_keys(a.override, num_workers=1, num_threads=os.cpu_count() or 1))
     times, losses = [], []
@@ -127,8 +138,9 @@ def run_distributed(a: argparse.Namespace, strategy: str) -> dict[str, Any]:
 
 
 def run_case(a: argparse.Namespace, case: str) -> dict[str, Any]:
-    if case == "one":
+    if case in ONE_CASES:
         cmd = [sys.executable, __file__, "--child-one", "--data", str(a.data), "--steps", str(a.steps)]
+        cmd += ["--release"] if case == "one-released" else []
         cmd += [x for o in a.override for x in ("--override", o)]
         out = subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True, text=True).stdout
         return json.loads(out.strip().splitlines()[-1])
@@ -145,11 +157,15 @@ def summary(results: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
 
     out: dict[str, Any] = {}
     one = results.get("one", [])
+    released = results.get("one-released", [])
     for case, runs in results.items():
         s = statistics.median(step(r) for r in runs)
         row: dict[str, Any] = {"s_per_step": round(s, 3), "peak_rss_mb": [round(x) for x in runs[-1]["peak_rss_mb"]],
                                "gather_s": round(runs[-1]["gather_s"], 3), "losses": runs[-1]["losses"]}
-        if case != "one" and one:
+        if case not in ONE_CASES and released:
+            row["peak_rss_ratio_worker_over_one_released"] = round(
+                max(runs[-1]["peak_rss_mb"]) / released[-1]["peak_rss_mb"][0], 3)
+        if case not in ONE_CASES and one:
             base = statistics.median(step(r) for r in one)
             row["speed_ratio_one_over_this"] = round(base / s, 3)
             row["peak_rss_ratio_worker_over_one"] = round(max(runs[-1]["peak_rss_mb"]) / one[-1]["peak_rss_mb"][0], 3)
@@ -166,12 +182,13 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--repeat", type=int, default=2)
-    p.add_argument("--cases", nargs="+", default=["one", "fsdp2", "fsdp2-bf16", "ddp"],
-                   choices=["one", *CASES])
+    p.add_argument("--cases", nargs="+", default=["one", "one-released", "fsdp2", "fsdp2-kept", "fsdp2-bf16-reshard", "ddp"],
+                   choices=[*ONE_CASES, *CASES])
     p.add_argument("--override", action="append", default=[], help="a config override, e.g. trainer.bf16=false")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--data", type=Path, default=None)
     p.add_argument("--child-one", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--release", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--child-distributed", default=None, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child_one:

@@ -13,7 +13,7 @@ training step (2.6-3.6 s), and on the first steps more kernel time than computin
 (`M_MMAP_MAX` 0) and to keep up to 2 GB of freed memory there (`M_TRIM_THRESHOLD`), so a step
 reuses the pages the one before mapped: no page faults once the heap has grown to the step's
 peak, and steps of 2.4-2.8 s on the same data (inside an `experiment=learn` run the median step
-went from 3.01 to 2.87 s; README "Training the policy"). The price: the process holds on to
+went from 3.01 to 2.87 s; docs/performance.md, "History"). The price: the process holds on to
 memory it freed (its resident size stays near its peak; +0.4 GB on that run).
 Threads other than the main one keep their own glibc arenas, whose blocks above 64 MB still
 come from `mmap`.
@@ -40,12 +40,13 @@ from typing import Any
 
 from pipeline.cluster.devices import process_tuning_note
 
-__all__ = ["ENV_KEYS", "keep_freed_memory", "keep_freed_memory_problem"]
+__all__ = ["ENV_KEYS", "RELEASE_THRESHOLD", "keep_freed_memory", "keep_freed_memory_problem", "release_freed_memory"]
 
 # glibc's tunables for the same settings; one of them in the environment wins over the key
 ENV_KEYS = ("MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_")
 # mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
 _M_MMAP_MAX = -4
 # the most mallopt takes (an int): free memory at the heap's top kept up to 2 GB
 _KEPT_BYTES = 2**31 - 1
@@ -94,6 +95,32 @@ def _apply(enabled: Any, cpu_idle: str | None) -> tuple[str, bool]:
         _restore()
         return "keep_freed_memory not applied: mallopt refused it", False
     return "freed memory stays in the process for reuse (keep_freed_memory: no mmap, trim above 2 GB)", True
+
+
+# release_freed_memory: blocks from this size up are mapped on their own and unmapped when freed
+RELEASE_THRESHOLD = 128 * 1024
+
+
+def release_freed_memory() -> str:
+    """The opposite policy, for a process whose point is a small footprint (an FSDP2 trainer
+    worker, `trainer.release_freed_memory`): every block of `RELEASE_THRESHOLD` bytes or more gets
+    a mapping of its own, unmapped as soon as it is freed, and the heap's free top beyond that is
+    trimmed at once. Fixing the threshold (`M_MMAP_THRESHOLD`) turns off glibc's adaptive rule,
+    which raises it to 32 MB after the first large free, so that a training step's activations,
+    gathered parameters and gradients (mostly 0.1-32 MB each) land in the heap between long-lived
+    tensors, where freed memory cannot be returned: on 2 FSDP2 workers of SmolLM2-135M about 1 GB
+    of a worker's 3 GB peak was such freed memory (docs/training.md). Applies to later
+    allocations of this whole process, for its lifetime; returns what took effect, for the log."""
+    preset = [f"{key}={os.environ[key]}" for key in ENV_KEYS if key in os.environ]
+    if preset:
+        return f"malloc as the environment says ({', '.join(preset)}); release_freed_memory not applied"
+    mallopt = _mallopt()
+    if mallopt is None:
+        return "release_freed_memory not applied: the C library has no mallopt (not glibc)"
+    if not (mallopt(_M_MMAP_THRESHOLD, RELEASE_THRESHOLD) and mallopt(_M_TRIM_THRESHOLD, RELEASE_THRESHOLD)):
+        return "release_freed_memory not applied: mallopt refused it"
+    return (f"freed memory goes back to the OS at once (release_freed_memory: blocks of "
+            f"{RELEASE_THRESHOLD // 1024} KB and more mapped on their own)")
 
 
 def _restore() -> None:

@@ -170,3 +170,57 @@ def test_the_real_mallopt_is_glibcs() -> None:
         pytest.skip("glibc")
     # (not called here: a mallopt call would fix glibc's adaptive thresholds for this test process)
     assert fn is not None and fn.argtypes == [ctypes.c_int, ctypes.c_int] and fn.restype is ctypes.c_int
+
+
+# release_freed_memory, the policy of FSDP2 trainer workers: a child frees one 16 MB block (which
+# raises glibc's adaptive mmap threshold to 16 MB), then allocates 200 1 MB tensors, each followed
+# by a 64 KB one it keeps, frees the large ones and prints how much resident memory stayed
+_RELEASE_CHILD = """
+import sys, psutil, torch
+from pipeline.malloc import release_freed_memory
+if sys.argv[1] == "release":
+    print(release_freed_memory(), file=sys.stderr)
+x = torch.ones(4 * 2**20)  # 16 MB, freed at once
+del x
+base = psutil.Process().memory_info().rss
+big, small = [], []
+for _ in range(200):
+    big.append(torch.ones(2**18))  # 1 MB
+    small.append(torch.ones(2**14))  # 64 KB: from the heap under either policy
+peak = psutil.Process().memory_info().rss
+del big
+print((peak - base) // 2**20, (psutil.Process().memory_info().rss - base) // 2**20)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_release_returns_freed_mid_sized_tensors_to_the_os() -> None:
+    mb = {}
+    for mode in ("release", "default"):
+        proc = subprocess.run([sys.executable, "-c", _RELEASE_CHILD, mode], cwd=ROOT, env=_bare_env(),
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        mb[mode] = tuple(map(int, proc.stdout.split()))
+        if mode == "release":
+            assert "freed memory goes back to the OS at once" in proc.stderr
+    # both held the 200 MB; only the released child gave it back (the small tensors pin the heap)
+    assert min(mb["release"][0], mb["default"][0]) >= 150, mb
+    assert mb["default"][1] >= 150, mb
+    assert mb["release"][1] <= 30, mb  # the 12.5 MB of small tensors it keeps
+
+
+def test_release_sets_a_fixed_mmap_and_trim_threshold(fake_mallopt: _RecordingMallopt) -> None:
+    said = malloc.release_freed_memory()
+    assert fake_mallopt.calls == [(-3, 128 * 1024), (-1, 128 * 1024)]
+    assert "128 KB" in said
+
+
+def test_release_leaves_a_preset_environment_and_a_refusal_alone(fake_mallopt: _RecordingMallopt,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_mallopt.result = 0
+    assert "mallopt refused it" in malloc.release_freed_memory()
+    fake_mallopt.calls.clear()
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "2")  # not one of ours: still applied
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
+    assert "MALLOC_MMAP_THRESHOLD_=65536" in malloc.release_freed_memory()
+    assert fake_mallopt.calls == []

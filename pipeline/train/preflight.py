@@ -132,6 +132,8 @@ def _where_key_problems(node: dict[str, Any]) -> list[str]:
     for key, choices in _WHERE_CHOICES.items():
         if node.get(key) not in choices:
             out.append(f"trainer.{key}={node.get(key)!r}: expected one of {list(choices)}")
+    if not isinstance(node.get("release_freed_memory"), bool) and node.get("release_freed_memory") != AUTO:
+        out.append(f"trainer.release_freed_memory={node.get('release_freed_memory')!r}: expected true, false or auto")
     for key in _POSITIVE_NUMBERS:
         if not _is_number(node.get(key)) or node[key] <= 0:
             out.append(f"trainer.{key}={node.get(key)!r}: expected a number > 0")

@@ -42,6 +42,7 @@ from pipeline.train import model as policy_model
 from pipeline.train.distributed import driver as driver_module
 from pipeline.train.distributed import group as group_module
 from pipeline.train.distributed import shards, strategy
+from pipeline.train.distributed import worker as worker_module
 from pipeline.train.distributed.driver import SHARDED_LAYOUT, DistributedTrainer
 from pipeline.train.distributed.group import TrainerWorkerError, WorkerGroup, worker_env
 from pipeline.train.distributed.strategy import TorchParallel, wrap_classes
@@ -815,6 +816,19 @@ def test_a_worker_sets_its_thread_count_and_knows_its_rank():
         w.train(0, train_data(), [[0]])
 
 
+def test_a_worker_applies_its_malloc_policy_before_anything_loads(monkeypatch):
+    calls = []
+    monkeypatch.setattr(worker_module.malloc, "release_freed_memory", lambda: calls.append(1) or "released")
+    assert TrainerWorker(0, 2, 1, release_freed_memory=True).malloc == "released" and calls == [1]
+    assert TrainerWorker(0, 2, 1).malloc == "glibc's default malloc" and calls == [1]
+
+
+@pytest.mark.parametrize(("value", "strategy", "expected"), [
+    ("auto", "fsdp2", True), ("auto", "ddp", False), (True, "ddp", True), (False, "fsdp2", False)])
+def test_release_freed_memory_auto_is_on_for_fsdp2_only(value, strategy, expected):
+    assert driver_module.release_freed_memory(value, strategy) is expected
+
+
 def test_peak_rss_is_this_processes_in_mb():
     w = TrainerWorker(0, 1, 1)
     before_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # Linux: KB
@@ -1020,7 +1034,8 @@ def test_a_one_worker_driver_trains_saves_and_loads_as_the_one_process_trainer(g
     assert g.resume_hint == f"python run.py resume={tmp_path / 'run'}" and g.num_workers == 1
     assert g.started == {"address": None, "local_cpus": max(os.cpu_count() or 1, 1), "local_gpus": None,
                          "device": "cpu", "backend": "gloo", "num_cpus_per_worker": 1.0,
-                         "placement_strategy": "PACK", "num_threads": 1, "timeout_s": 600.0}
+                         "placement_strategy": "PACK", "num_threads": 1, "timeout_s": 600.0,
+                         "release_freed_memory": True}  # auto, fsdp2
     assert all(type(g.started[k]) is float for k in ("num_cpus_per_worker", "timeout_s"))
     assert type(g.started["num_threads"]) is int
     method, per_rank = g.calls[0]

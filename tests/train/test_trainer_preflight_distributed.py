@@ -109,6 +109,8 @@ def test_two_cpu_workers_with_a_splittable_batch_pass_quietly(tmp_path, monkeypa
      "of module class names"),
     (["trainer.fsdp_wrap_modules=[LlamaDecoderLayer,'']"], "trainer.fsdp_wrap_modules=['LlamaDecoderLayer', '']"),
     (["trainer.fsdp_wrap_modules=[1]"], "trainer.fsdp_wrap_modules=[1]: expected null"),
+    (["trainer.release_freed_memory=1"], "trainer.release_freed_memory=1: expected true, false or auto"),
+    (["trainer.release_freed_memory=always"], "trainer.release_freed_memory='always': expected true, false or auto"),
 ])
 def test_bad_values_are_refused_naming_the_key(tmp_path, monkeypatch, overrides, message):
     gpus(monkeypatch, 0)

@@ -107,7 +107,8 @@ class DistributedTrainer:
                         device=device,
                         backend=backend, num_cpus_per_worker=float(k["num_cpus_per_worker"]),
                         placement_strategy=k["placement_strategy"], num_threads=int(k["num_threads"]),
-                        timeout_s=float(k["collective_timeout_s"]))
+                        timeout_s=float(k["collective_timeout_s"]),
+                        release_freed_memory=release_freed_memory(k["release_freed_memory"], k["strategy"]))
             worker_keys = {**k, "device": device, "hf_checkpoint": self._checkpoint_folder()}
             counts = group.call("build", [(worker_keys, self._args)] * self.num_workers)
         except BaseException:
@@ -277,3 +278,9 @@ class DistributedTrainer:
             logger.info("trainer state of %d worker(s) resharded over %d", saved, self.num_workers)
         self.weight_version, self.optimizer_step = counters["weight_version"], counters["optimizer_step"]
         self._weights = None
+
+
+def release_freed_memory(value: Any, strategy: str) -> bool:
+    """`trainer.release_freed_memory` resolved: auto is on for fsdp2 (sharding is for memory), off
+    for ddp (a full replica per worker: keeping freed memory for reuse saves page faults)."""
+    return strategy == "fsdp2" if value == "auto" else bool(value)

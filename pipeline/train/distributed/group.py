@@ -55,8 +55,10 @@ class WorkerGroup:
         self._lease: Any = None
 
     def start(self, *, address: str | None, local_cpus: int, local_gpus: int | None, device: str, backend: str,
-              num_cpus_per_worker: float, placement_strategy: str, num_threads: int, timeout_s: float) -> None:
-        """Place and start the workers and join them into one process group."""
+              num_cpus_per_worker: float, placement_strategy: str, num_threads: int, timeout_s: float,
+              release_freed_memory: bool = False) -> None:
+        """Place and start the workers and join them into one process group (`release_freed_memory`:
+        each worker returns freed memory to the OS at once, `pipeline.malloc.release_freed_memory`)."""
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -82,7 +84,8 @@ class WorkerGroup:
         self.actors = [cls.options(num_cpus=bundle["CPU"], num_gpus=gpus, max_restarts=0, runtime_env=env,
                                    scheduling_strategy=PlacementGroupSchedulingStrategy(
                                        self._pg, placement_group_bundle_index=rank)).remote(rank, self.num_workers,
-                                                                                            num_threads)
+                                                                                            num_threads,
+                                                                                            release_freed_memory)
                        for rank in range(self.num_workers)]
         self.where = self.call("where")
         port = self.call_one(0, "free_port")
@@ -91,6 +94,7 @@ class WorkerGroup:
         logger.info("trainer: %d workers (%s, %s) on %d node(s), rendezvous %s:%d: %s", self.num_workers, device,
                     backend, len(nodes), self.where[0]["ip"], port,
                     ", ".join(f"rank {w['rank']} pid {w['pid']} on {w['ip']}" for w in self.where))
+        logger.info("trainer workers' malloc: %s", self.where[0]["malloc"])
 
     def call_one(self, rank: int, method: str, *args: Any) -> Any:
         """`method(*args)` on one worker."""

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from pipeline import malloc
 from pipeline.config import SlimeArgs
 from pipeline.engines.weight_sync import as_arrays
 from pipeline.train.distributed import shards
@@ -41,9 +42,11 @@ logger = logging.getLogger(__name__)
 class TrainerWorker:
     """Ray actor body of one rank (module docstring)."""
 
-    def __init__(self, rank: int, world_size: int, num_threads: int) -> None:
+    def __init__(self, rank: int, world_size: int, num_threads: int, release_freed_memory: bool = False) -> None:
         self.rank = int(rank)
         self.world_size = int(world_size)
+        # before the model loads: its tensors and every step's are allocated under the policy
+        self.malloc = malloc.release_freed_memory() if release_freed_memory else "glibc's default malloc"
         torch.set_num_threads(int(num_threads))
         self.trainer: PolicyGradientTrainer | None = None
         self.seed = 0
@@ -56,7 +59,8 @@ class TrainerWorker:
 
         ctx = ray.get_runtime_context()
         return {"rank": self.rank, "node_id": ctx.get_node_id(), "ip": ray.util.get_node_ip_address(),
-                "host": socket.gethostname(), "pid": os.getpid(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
+                "host": socket.gethostname(), "pid": os.getpid(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+                "malloc": self.malloc}
 
     def free_port(self) -> int:
         """A TCP port free on this node now (rank 0's: the process group's rendezvous)."""
