@@ -17,6 +17,7 @@ from pipeline.config_rules import collect_problems, collect_warnings
 from pipeline.engines.assets import CheckpointError, resolve_checkpoint
 from pipeline.overrides import added_key_typos, command_line_overrides
 from pipeline.plugins import ConfigError
+from pipeline.serving.args import SERVED_ARGS, ServingArgs
 
 __all__ = ["ConfigError", "SlimeArgs", "missing_arg_message", "to_plain", "to_plain_lenient", "validate"]
 
@@ -62,14 +63,17 @@ class SlimeArgs:
 
     `hf_checkpoint` reads as the local model folder (a bundled model name is resolved, and
     converted once, on first access), as slime plugins load it with `from_pretrained`. Keys of
-    the `slime_args:` mapping read as attributes too (run keys win).
+    the `slime_args:` mapping read as attributes too (run keys win). The SGLang endpoint's args
+    (`sglang_router_ip`, `sglang_router_port`, ... `pipeline.serving.args.SERVED_ARGS`) come from
+    `sglang_endpoint` when no key sets them; reading the address starts it (docs/serving.md).
     """
 
-    __slots__ = ("_values", "_checkpoint")
+    __slots__ = ("_values", "_checkpoint", "_serving")
 
-    def __init__(self, values: Mapping[str, Any]) -> None:
+    def __init__(self, values: Mapping[str, Any], serving: ServingArgs | None = None) -> None:
         object.__setattr__(self, "_values", dict(values))
         object.__setattr__(self, "_checkpoint", None)
+        object.__setattr__(self, "_serving", serving)
 
     @classmethod
     def from_config(cls, cfg: Any) -> SlimeArgs:
@@ -106,12 +110,19 @@ class SlimeArgs:
         values["dynamic_sampling_filter_path"] = dyn.get("_target_") or dyn.get("path")
         # slime's --disable-rollout-global-dataset is a source without a prompt file (buffer-only)
         values.setdefault("rollout_global_dataset", values.get("prompt_data") is not None)
-        return cls(values)
+        return cls(values, ServingArgs.from_config(plain))
+
+    @property
+    def sglang_endpoint(self) -> ServingArgs | None:
+        """The run's SGLang-compatible endpoint (pipeline/serving/args.py), None outside a run config."""
+        return self._serving
 
     def __getattr__(self, name: str) -> Any:
         try:
             value = self._values[name]
         except KeyError:
+            if self._serving is not None and name in SERVED_ARGS:
+                return self._serving.value(name, self)
             raise AttributeError(missing_arg_message(name)) from None
         if name == "hf_checkpoint" and value is not None:
             return self._checkpoint_folder(value)
@@ -133,7 +144,7 @@ class SlimeArgs:
 
     def replace(self, **changes: Any) -> SlimeArgs:
         """A new view with some values changed (this one is left as it is)."""
-        return SlimeArgs({**self._values, **changes})
+        return SlimeArgs({**self._values, **changes}, self._serving)
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"args is read-only; cannot set {name!r} (change the config instead)")
@@ -145,7 +156,8 @@ class SlimeArgs:
         return name in self._values
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (SlimeArgs, (self._values,))
+        served = self._serving.started_values() if self._serving is not None else {}
+        return (SlimeArgs, ({**served, **self._values},))
 
     def as_dict(self) -> dict[str, Any]:
         """A copy of every value (`hf_checkpoint` as configured, not resolved)."""
@@ -161,7 +173,7 @@ def missing_arg_message(name: str) -> str:
     return (f"args has no attribute {name!r}: it is neither a key of this config nor a slime name "
             f"mirrored from one. If your plugin reads slime's {flag}, set it on the command line "
             f"with +{name}=<value>, or in your config under slime_args: ({{{name}: <value>}}); "
-            f"README 'Porting from slime' lists the keys that already stand for slime flags")
+            f"docs/slime.md (Porting from slime) lists the keys that already stand for slime flags")
 
 
 def _eval_prompt_data(datasets: Any) -> list[str] | None:

@@ -142,6 +142,10 @@ def build_parts(plain: dict[str, Any], args: SlimeArgs, allowed: tuple[str, ...]
     them, also after a failure half-way)."""
     slots = run_slots(plain, allowed)
     runtime = _Runtime(plain, allowed, slots, args, run_dir, closers)
+    endpoint = args.sglang_endpoint  # the SGLang-compatible /generate (pipeline/serving): its engine is the run's
+    if endpoint is not None:
+        endpoint.bind(lambda: runtime.get("engine"))
+        closers.insert(0, endpoint)
     replaced = {slot.replaces for slot in slots if slot.replaces and slot.value(plain)}
     for slot in slots:
         if slot.on_demand or slot.name in replaced or slot.kind not in ("object", "function", "hook", "hooks", "class"):
@@ -149,6 +153,8 @@ def build_parts(plain: dict[str, Any], args: SlimeArgs, allowed: tuple[str, ...]
         if slot.kind == "class" and not slot.value(plain):
             continue
         runtime.get(slot.name)
+    if endpoint is not None:
+        endpoint.start_if_eager()
     values = runtime.values
     data_source = values["data_source"]
     # the trainer last: its workers may share the Ray runtime the engine joined

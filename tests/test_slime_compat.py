@@ -113,7 +113,7 @@ def test_a_slime_plugin_file_with_slimes_imports_runs_unchanged(tmp_path):
 
 def test_a_missing_slime_module_says_what_to_put_on_the_path_and_install():
     """Without slime's source on the path, a `slime.` plugin beyond the type modules fails naming what
-    running slime's own plugins takes (README 'Porting from slime')."""
+    running slime's own plugins takes (docs/slime.md, Porting from slime)."""
     proc = python('''
         from pipeline.plugins import PluginImportError, load_object
         try:
@@ -126,7 +126,7 @@ def test_a_missing_slime_module_says_what_to_put_on_the_path_and_install():
     assert out.startswith("REFUSED reward function (custom_rm_path): cannot import 'slime.rollout.rm_hub.async_rm': "
                           "ModuleNotFoundError: No module named 'slime.rollout.rm_hub': slime is not installed here")
     assert "put slime's source on PYTHONPATH (PYTHONPATH=<your slime checkout> python run.py ...)" in out
-    assert "pip install pylatexenc aiohttp" in out and "README 'Porting from slime'" in out
+    assert "pip install pylatexenc aiohttp" in out and "(docs/slime.md, Porting from slime)" in out
 
 
 def test_a_missing_dependency_of_slime_s_source_is_named_with_the_line_that_imports_it(tmp_path):
@@ -153,4 +153,4 @@ def test_a_missing_dependency_of_slime_s_source_is_named_with_the_line_that_impo
     assert (f"{hub / 'math_utils.py'} line 2 imports 'no_such_latex_package_xyz', which is not installed in this "
             f"environment: pip install no_such_latex_package_xyz (or the distribution that provides it)") in out
     assert ("slime's own plugins need slime's source on PYTHONPATH (PYTHONPATH=<your slime checkout> python run.py "
-            "...), allowed_targets_extra=[slime.] and pip install pylatexenc aiohttp (README 'Porting from slime')") in out
+            "...), allowed_targets_extra=[slime.] and pip install pylatexenc aiohttp (docs/slime.md, Porting from slime)") in out

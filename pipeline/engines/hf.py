@@ -25,8 +25,8 @@ Decode paths (`decode_impl`): "static" (`pipeline.engines.hf_static`: pre-alloca
 lean decode step for Llama-family layers, batched sampling; other models fall back to "legacy"
 with a warning) and "legacy" (`hf_decode.DecodeBatch`: the transformers forward over a
 `DynamicCache`, padded and concatenated as rows join). `compile_decode` runs the static path's
-per-layer step through `torch.compile` (one graph for all layers; off by default: see the
-README's performance section for compile time against gain); uncompiled float32 steps use
+per-layer step through `torch.compile` (one graph for all layers; off by default: see
+docs/performance.md for compile time against gain); uncompiled float32 steps use
 oneDNN-packed weights (`packed_matmuls`, `hf_lean`), and bfloat16 ones run the work between
 the matmuls, and the sampling, on fused C kernels (`native_kernels`,
 `pipeline.engines.native_kernels`) where the CPU has AVX-512 and a C compiler is found. Both
@@ -98,7 +98,10 @@ class HFEngine:
         native_kernels: bool = True,
         device: str = "cpu",
         colocate: bool = False,
+        # the SGLang-compatible endpoint in front of this engine (pipeline/serving; read by the run, not here)
+        serve_http: bool | str = "auto",
     ) -> None:
+        self.serve_http = serve_http
         if decode_impl not in DECODE_IMPLS:
             raise ValueError(f"engine.decode_impl must be one of {sorted(DECODE_IMPLS)}, got {decode_impl!r}")
         if dtype not in DTYPES:

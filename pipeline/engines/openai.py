@@ -96,7 +96,10 @@ class OpenAIEngine:
         extra_body: dict[str, Any] | None = None,
         lora_name: str | None = None,
         lora_timeout_s: float = 300.0,
+        # the SGLang-compatible endpoint in front of this engine (pipeline/serving; read by the run, not here)
+        serve_http: bool | str = "auto",
     ) -> None:
+        self.serve_http = serve_http
         if dialect not in ("openai", "vllm", "transformers_serve"):
             raise ValueError(f"engine.dialect must be openai, vllm or transformers_serve; got {dialect!r}")
         self.base_url = base_url.rstrip("/")

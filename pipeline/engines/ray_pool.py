@@ -169,7 +169,10 @@ class RayEngine:
         seed: int = 0,
         temp_dir: str | None = None,
         device: str = "cpu",
+        # the SGLang-compatible endpoint in front of this engine (pipeline/serving; read by the run, not here)
+        serve_http: bool | str = "auto",
     ) -> None:
+        self.serve_http = serve_http
         if num_replicas < 1:
             raise ValueError(f"engine.num_replicas must be >= 1, got {num_replicas}")
         if device not in DEVICES:

@@ -59,7 +59,10 @@ class SGLangEngine:
         weight_sync_dir: str | None = None,
         keep_weight_versions: int = 2,
         update_timeout_s: float = 600.0,
+        # the SGLang-compatible endpoint in front of this engine (pipeline/serving; read by the run, not here)
+        serve_http: bool | str = "auto",
     ) -> None:
+        self.serve_http = serve_http
         self.base_url = base_url.rstrip("/")
         self.max_retries = max_retries
         self.backoff_s = backoff_s
