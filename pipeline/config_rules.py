@@ -12,6 +12,7 @@ import os
 import re
 from typing import Any
 
+from pipeline.agent.preflight import agent_problems
 from pipeline.engines.preflight import engine_device_problems, trainer_engine_problems
 from pipeline.estimators import ESTIMATORS, GROUP_MODES, MEAN_SUBTRACTING
 from pipeline.malloc import keep_freed_memory_problem
@@ -20,6 +21,7 @@ from pipeline.plugins import (SLOTS, SLOTS_BY_NAME, ConfigError, Needs, check_al
                               provided, required)
 from pipeline.plugins import target_of as _target
 from pipeline.rewards.preflight import reward_problems
+from pipeline.serving.preflight import serving_problems, serving_warnings
 from pipeline.session import resume_target_problem
 from pipeline.train.preflight import async_problems, async_warnings, trainer_problems, trainer_warnings
 
@@ -71,6 +73,7 @@ def collect_problems(cfg: dict[str, Any]) -> list[str]:
     _data_path(cfg, out)
     _advantage(cfg, out)
     out += engine_device_problems(cfg)
+    out += serving_problems(cfg)
     out += trainer_problems(cfg)
     out += async_problems(cfg)
     _plugins(cfg, out)
@@ -78,6 +81,7 @@ def collect_problems(cfg: dict[str, Any]) -> list[str]:
     if not out:  # imports the plugins and reads the prompt files: only when sound
         _requirements(cfg, out)
         _per_sample_functions(cfg, out)
+        out += agent_problems(cfg)  # rollout.generate=agent: settings, tools (imported), prompts
     if not out:
         out += reward_problems(cfg)
         out += trainer_engine_problems(cfg)  # an engine that cannot follow the trainer
@@ -153,6 +157,7 @@ def collect_warnings(cfg: dict[str, Any]) -> list[str]:
     _baseline_eval_replaced(cfg, out)
     out += async_warnings(cfg)
     out += trainer_warnings(cfg)
+    out += serving_warnings(cfg)
     return out
 
 

@@ -103,16 +103,26 @@ _COLUMNS = (("reward", "rollout/raw_reward", ".3f"), ("pass", "rollout/pass_rate
 _TRAIN_COLUMNS = (("loss", "train/loss", ".4f"), ("grad norm", "train/grad_norm", ".3f"), ("lr", "train/lr", ".2e"))
 
 
+# the agent loop's columns (rollout.generate=agent), shown when its agent/* metrics are there: model
+# turns per sample, tool calls run, and malformed calls + tool errors
+_AGENT_COLUMNS = (("turns", "agent/turns_mean", ".2f"), ("tools", "agent/tool_calls", ".0f"),
+                  ("tool errs", "agent/tool_errors", ".0f"))
+
+
 def _columns(rows: list[dict[str, Any]]) -> tuple[tuple[str, str, str], ...]:
-    """The rollout columns, then the trainer's when any of `rows` has a train/* value of them."""
+    """The rollout columns, the agent loop's when any of `rows` has agent/* values, then the
+    trainer's when any has a train/* value of them."""
     trained = any(_num(m, key) is not None for m in rows for _, key, _ in _TRAIN_COLUMNS)
-    return _COLUMNS + _TRAIN_COLUMNS if trained else _COLUMNS
+    agent = any(_num(m, key) is not None for m in rows for _, key, _ in _AGENT_COLUMNS)
+    return _COLUMNS + (_AGENT_COLUMNS if agent else ()) + (_TRAIN_COLUMNS if trained else ())
 
 
 def _value(metrics: dict[str, Any], key: str, spec: str) -> str:
     """One cell; the buffer size shows its traffic, `8 (+6 -4)`: groups that entered the buffer
     (`rollout/groups_to_buffer`) and that it served (`rollout/groups_from_buffer`) this rollout."""
     cell = _cell(_num(metrics, key), spec)
+    if key == "agent/tool_errors" and _num(metrics, "agent/malformed_calls") is not None:
+        cell = f"{cell}+{_num(metrics, 'agent/malformed_calls'):.0f}"  # tool errors + malformed calls
     if key == "rollout/buffer_size":
         to, served = _num(metrics, "rollout/groups_to_buffer"), _num(metrics, "rollout/groups_from_buffer")
         if to or served:

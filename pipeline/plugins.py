@@ -401,6 +401,10 @@ SLOTS: tuple[Slot, ...] = (
     Slot("custom_generate", "rollout.custom_generate_path", "path",
          (Call("async fn(args, sample, sampling_params[, evaluation]) -> Sample | list[Sample]", (3,)),),
          label="custom generate (generate_function_path)", doc="generates one sample (also eval.custom_generate_path)"),
+    Slot("agent_tool", "rollout.agent.tools", "path", (Call("fn(**arguments) -> str | JSON value, sync or async", (0,)),),
+         label="agent tool (rollout.agent.tools)",
+         doc="a tool of the agent loop (rollout.generate=agent; also eval.agent.tools): fn(**arguments) -> "
+             "str | JSON value, sync or async, or a class built with tool_args.<name>"),
     Slot("custom_rm", "reward.custom_rm_path", "path",
          (Call("fn(args, sample) -> reward (or fn(args, samples) with group_rm)", (2,)),),
          label="reward function (custom_rm_path)", doc="a reward function in place of rm_type"),

@@ -13,6 +13,9 @@ but deterministic. `update_weights(state, version)` only records the version (th
 depend on weights): every token carries the version current when it was emitted, so an update
 while a request is in flight (with a token delay) splits its tokens between two versions. With a fixed seed, a request whose input already ends with a prefix of its
 script continues the script where it stopped (coherent continuation after an abort).
+With `tool_calls: N` (the agent loop's tests and benches) the script for an "a + b" question is a
+calculator call (`tool_format`: Hermes `<tool_call>{json}</tool_call>` or `<calculator>a + b</calculator>`)
+until the conversation holds N of them, then the number after the last one as the boxed answer.
 
 `ByteTokenizer` is a tiny reversible codec (token id = byte value, plus an EOS id) with the
 parts of the Hugging Face tokenizer interface the pipeline uses; tests use it as `tokenizer`.
@@ -154,7 +157,19 @@ class ScriptedEngine:
         max_filler: int = 3,
         seed: int = 0,
         tokenizer: Any = None,
+        # the SGLang-compatible endpoint in front of this engine (pipeline/serving; read by the run, not here)
+        serve_http: bool | str = "auto",
+        tool_calls: int = 0,
+        tool_format: str = "hermes",
     ) -> None:
+        self.serve_http = serve_http
+        if tool_calls < 0:
+            raise ValueError(f"engine.tool_calls must be >= 0, got {tool_calls}")
+        if tool_format not in ("hermes", "tags"):
+            raise ValueError(f"engine.tool_format: expected hermes or tags, got {tool_format!r}")
+        # calculator calls the script makes before it answers (the agent loop's tests and benches)
+        self.tool_calls = int(tool_calls)
+        self.tool_format = tool_format
         if not 0.0 <= correct_rate <= 1.0:
             raise ValueError(f"engine.correct_rate must be in [0, 1], got {correct_rate}")
         if token_delay < 0:
@@ -193,8 +208,33 @@ class ScriptedEngine:
         self._weight_version = version
 
     # ------------------------------------------------------------------ script
+    def tool_call_text(self, expression: str) -> str:
+        """The calculator call the script writes in `tool_format` (public for tests)."""
+        if self.tool_format == "tags":
+            return f"<calculator>{expression}</calculator>"
+        return '<tool_call>{"name": "calculator", "arguments": {"expression": "%s"}}</tool_call>' % expression
+
+    def _tool_script(self, prompt_text: str, rng: random.Random) -> str | None:
+        """With `tool_calls`: a calculator call while fewer than that many were made for the last
+        user question, then the number the last tool result holds as the boxed answer."""
+        question = prompt_text[max(0, prompt_text.rfind("user")):]
+        match = _SYMBOLIC.search(question)
+        if match is None:
+            return None
+        call = self.tool_call_text(f"{match.group(1)} {match.group(2)} {match.group(3)}")
+        made = prompt_text.count(call)
+        if made < self.tool_calls:
+            filler = " ".join(rng.choice(_FILLER) for _ in range(rng.randint(0, self.max_filler)))
+            return (filler + " " if filler else "") + call
+        found = _NUMBER.findall(prompt_text[prompt_text.rfind(call) + len(call):])
+        return f"The tool says {found[0]}. The answer is \\boxed{{{found[0]}}}." if found else None
+
     def script_for(self, prompt_text: str, rng: random.Random) -> str:
         """The full response text for a prompt under `rng` (public for tests)."""
+        if self.tool_calls:
+            scripted = self._tool_script(prompt_text, rng)
+            if scripted is not None:
+                return scripted
         filler = " ".join(rng.choice(_FILLER) for _ in range(rng.randint(0, self.max_filler)))
         right = solve(prompt_text)
         if right is None:

@@ -85,6 +85,15 @@ PANELS: tuple[Panel, ...] = (
     Panel("Buffer size", "groups in the buffer after the rollout", ("rollout/buffer_size",), "buffer",
           hide_if_zero=True),
     Panel("Rollout time", "seconds per rollout", ("perf/rollout_time",), "time (s)"),
+    # the agent loop (rollout.generate=agent): shown when its agent/* metrics were logged
+    Panel("Agent turns", "model turns per sample", ("agent/turns_mean",), "turns"),
+    Panel("Tool calls", "calls per rollout", ("agent/tool_calls", "agent/malformed_calls", "agent/tool_errors"),
+          "tool calls", key_labels=(("agent/tool_calls", "run"), ("agent/malformed_calls", "malformed"),
+                                    ("agent/tool_errors", "tool errors"))),
+    Panel("Tool latency", "seconds per call", ("agent/tool_latency_mean_s", "agent/tool_latency_p95_s"),
+          "tool latency (s)", key_labels=(("agent/tool_latency_mean_s", "mean"), ("agent/tool_latency_p95_s", "p95"))),
+    Panel("Tool-output tokens", "share of response tokens", ("agent/tool_token_share",), "tool tokens",
+          fraction=True),
 )
 
 

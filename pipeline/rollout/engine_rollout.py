@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from pipeline.agent.loop import AgentLoop
 from pipeline.rollout.async_loop import run_sync
 from pipeline.rollout.contracts import RolloutFnEvalOutput, RolloutFnTrainOutput
 from pipeline.rollout.eval import EngineEval
@@ -50,6 +51,8 @@ class EngineRollout:
         finish_surplus: bool = True,
         surplus_max_staleness: int = 1,
         custom_generate_path: str | None = None,
+        generate: str = "default",
+        agent: dict[str, Any] | None = None,
         deterministic: bool = False,
         seed: int = 0,
         batch_invariant_log_probs: bool = False,
@@ -78,6 +81,8 @@ class EngineRollout:
         self.finish_surplus = bool(finish_surplus)
         self.surplus_max_staleness = int(surplus_max_staleness)
         self.custom_generate_path = custom_generate_path
+        # rollout.generate=agent: the agent loop (pipeline/agent/loop.py) generates every sample
+        self.agent = _agent_loop(generate, agent, custom_generate_path, "rollout")
         self.deterministic = bool(deterministic)
         self.seed = int(seed)
         self.batch_invariant_log_probs = bool(batch_invariant_log_probs)
@@ -108,7 +113,7 @@ class EngineRollout:
             self.evaluator = EngineEval.from_args(
                 args, engine=self.engine, reward=self.reward, tokenizer=self.tokenizer,
                 custom_generate_path=self.custom_generate_path, progress=self.progress,
-                sample_hooks=self.sample_hooks,
+                sample_hooks=self.sample_hooks, agent_loop=self.agent,
             )
         return self.evaluator
 
@@ -128,3 +133,16 @@ class EngineRollout:
         if self.resumed_weight_version != serving:
             logger.warning("resume: the checkpoint was written at weight version %d, the engine serves %d "
                            "until the trainer sends its restored weights", self.resumed_weight_version, serving)
+
+
+def _agent_loop(generate: str, agent: dict[str, Any] | None, custom_generate_path: str | None,
+                group: str) -> AgentLoop | None:
+    """The agent loop `<group>.generate=agent` asks for (None for `default`)."""
+    if generate not in ("default", "agent"):
+        raise ValueError(f"{group}.generate: expected default or agent, got {generate!r}")
+    if generate == "default":
+        return None
+    if custom_generate_path:
+        raise ValueError(f"{group}.generate=agent and {group}.custom_generate_path={custom_generate_path!r} both name "
+                         f"the per-sample generate; keep one")
+    return AgentLoop(agent or {}, f"{group}.agent")

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.agent.loop import AgentLoop
 from pipeline.data.dataset import PromptDataset
 from pipeline.data.sources import prompt_groups
 from pipeline.rollout.async_loop import run_sync
@@ -26,7 +27,7 @@ from pipeline.rollout.contracts import RolloutFnEvalOutput
 from pipeline.rollout.rollout_report import Progress, format_summary
 from pipeline.rollout.sample_hooks import SampleHooks
 from pipeline.rollout.sample_generate import (
-    GenContext, bind, call_custom_generate, default_generate, is_finished, load_generate_fn,
+    GenContext, bind, call_custom_generate, default_generate, is_finished, load_generate_fn, release,
     resolve_tokenizer, sampling_params_from_args,
 )
 from pipeline.sample import Sample
@@ -78,6 +79,9 @@ class EngineEval:
         reward: Any = None,
         tokenizer: Any = None,
         custom_generate_path: str | None = None,
+        generate: str = "default",
+        agent: dict[str, Any] | None = None,
+        agent_loop: AgentLoop | None = None,
         sample_hooks: SampleHooks | None = None,
         pass_threshold: float = 0.5,
         max_concurrency: int | None = None,
@@ -94,6 +98,13 @@ class EngineEval:
         # None: the engine's tokenizer, looked up (and the engine started) at the first call
         self.tokenizer = tokenizer
         self.custom_generate_path = custom_generate_path
+        if generate not in ("default", "agent"):
+            raise ValueError(f"eval.generate: expected default or agent, got {generate!r}")
+        if generate == "agent" and custom_generate_path:
+            raise ValueError(f"eval.generate=agent and eval.custom_generate_path={custom_generate_path!r} both name "
+                             f"the per-sample generate; keep one")
+        # the agent loop (eval.generate=agent, or the rollout's loop when EngineRollout builds this eval)
+        self.agent = agent_loop or (AgentLoop(agent or {}, "eval.agent") if generate == "agent" else None)
         # slime's rollout sample hooks (rollout_sample_hook_path), injected by the app
         self.sample_hooks = sample_hooks or SampleHooks()
         self.pass_threshold = float(pass_threshold)
@@ -133,7 +144,8 @@ class EngineEval:
         """Evaluate every dataset; returns the data and the metrics."""
         start = time.perf_counter()
         self.tokenizer = await resolve_tokenizer(self.tokenizer, self.engine)
-        ctx = GenContext(engine=self.engine, tokenizer=self.tokenizer, rollout_id=int(rollout_id))
+        ctx = GenContext(engine=self.engine, tokenizer=self.tokenizer, rollout_id=int(rollout_id),
+                         agent=self.agent.run_for(args) if self.agent is not None else None)
         bind(ctx)
         data: dict[str, dict[str, Any]] = {}
         metrics: dict[str, Any] = {}
@@ -142,7 +154,10 @@ class EngineEval:
             samples = await self._generate(args, ctx, spec, groups)
             data[spec["name"]] = self._collect(args, samples)
             metrics.update(self._metrics(spec["name"], data[spec["name"]]))
+        if ctx.agent is not None:  # the agent loop's counters over every dataset, as eval_agent/<name>
+            metrics.update({f"eval_agent/{k.split('/', 1)[1]}": v for k, v in ctx.agent.metrics().items()})
         metrics["perf/eval_time"] = time.perf_counter() - start
+        release(ctx)
         if self.summary:
             logger.info("%s", format_summary(f"eval at rollout {rollout_id}", metrics))
         return RolloutFnEvalOutput(data=data, metrics=metrics)

@@ -21,6 +21,7 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline import slime_compat
 from pipeline.engines.assets import load_tokenizer, resolve_checkpoint
 from pipeline.engines.base import GenerationRequest, SamplingParams
 from pipeline.plugins import SLOTS_BY_NAME, allowed_targets, load_object, signature_of
@@ -33,6 +34,7 @@ __all__ = [
     "GenContext",
     "generate",
     "default_generate",
+    "engine_turn",
     "sampling_params_from_args",
     "to_engine_params",
     "encode_prompt",
@@ -44,9 +46,14 @@ __all__ = [
     "call_custom_generate",
     "load_generate_fn",
     "resolve_tokenizer",
+    "active_context",
+    "release",
 ]
 
 _CURRENT: contextvars.ContextVar[GenContext] = contextvars.ContextVar("rollout_gen_context")
+# the context bound last: requests through the SGLang-compatible endpoint (pipeline/serving) count
+# there, since an HTTP handler does not run in the task that bound it
+_ACTIVE: list[GenContext] = []
 _DONE = (Sample.Status.COMPLETED, Sample.Status.TRUNCATED, Sample.Status.FAILED)
 
 
@@ -66,6 +73,11 @@ class GenContext:
     # tokens given loss mask 0 because a newer version made later tokens of their sample
     offpolicy_tokens_masked: int = 0
     requests: int = 0
+    # the agent loop's run for this rollout / eval (`rollout.generate=agent`, pipeline/agent/loop.py);
+    # None: single-turn generation
+    agent: Any = None
+    # of `requests`, those that came through the SGLang-compatible endpoint (pipeline/serving)
+    http_requests: int = 0
     _fn_cache: dict[str, Any] = field(default_factory=dict)
 
 
@@ -180,7 +192,10 @@ def reset_sample(sample: Sample) -> None:
 async def default_generate(
     ctx: GenContext, args: Any, sample: Sample, sampling_params: dict, evaluation: bool = False
 ) -> Sample:
-    """Generate (or continue) one sample in place with the context's engine."""
+    """Generate (or continue) one sample in place with the context's engine (with
+    `rollout.generate=agent`: the agent loop of `ctx.agent`, pipeline/agent/loop.py)."""
+    if ctx.agent is not None:
+        return await ctx.agent.generate(ctx, args, sample, sampling_params, evaluation)
     if ctx.aborted or is_finished(sample):
         return sample
     if not sample.tokens:
@@ -200,6 +215,19 @@ async def default_generate(
     if continued and params.seed is not None:
         response_ids = sample.tokens[len(sample.tokens) - sample.response_length:]
         params = dataclasses.replace(params, seed=continuation_seed(params.seed, response_ids))
+    await engine_turn(ctx, args, sample, params)
+    if args.mask_offpolicy_in_partial_rollout:
+        ctx.offpolicy_tokens_masked += mask_older_than_newest(sample)
+    if continued and ctx.tokenizer is not None:
+        response_ids = sample.tokens[len(sample.tokens) - sample.response_length:]
+        sample.response = ctx.tokenizer.decode(response_ids, skip_special_tokens=True)
+    return sample
+
+
+async def engine_turn(ctx: GenContext, args: Any, sample: Sample, params: SamplingParams) -> Any:
+    """One engine request on the sample's tokens; its output is appended as trainable tokens (with
+    the engine's log-probs, weight versions and finish reason, which sets the status). Returns the
+    engine's `GenerationResult`."""
     ctx.requests += 1
     request = GenerationRequest(
         request_id=f"r{ctx.rollout_id}-s{sample.index}-{ctx.requests}",
@@ -220,12 +248,7 @@ async def default_generate(
         meta["token_weight_versions"] = list(versions)
     sample.append_response_tokens(args, tokens=result.output_ids, log_probs=log_probs, meta_info=meta,
                                   text=result.text)
-    if args.mask_offpolicy_in_partial_rollout:
-        ctx.offpolicy_tokens_masked += mask_older_than_newest(sample)
-    if continued and ctx.tokenizer is not None:
-        response_ids = sample.tokens[len(sample.tokens) - sample.response_length:]
-        sample.response = ctx.tokenizer.decode(response_ids, skip_special_tokens=True)
-    return sample
+    return result
 
 
 async def generate(args: Any, sample: Sample, sampling_params: dict, evaluation: bool = False) -> Sample:
@@ -238,8 +261,21 @@ async def generate(args: Any, sample: Sample, sampling_params: dict, evaluation:
 
 
 def bind(ctx: GenContext) -> contextvars.Token:
-    """Make `ctx` the current context for `generate` (tasks created afterwards inherit it)."""
+    """Make `ctx` the current context for `generate` (tasks created afterwards inherit it) and
+    the one HTTP requests count in (`active_context`)."""
+    _ACTIVE[:] = [ctx]
     return _CURRENT.set(ctx)
+
+
+def release(ctx: GenContext) -> None:
+    """`ctx` is done: HTTP requests stop counting in it (and stop seeing its abort)."""
+    if _ACTIVE and _ACTIVE[0] is ctx:
+        _ACTIVE.clear()
+
+
+def active_context() -> GenContext | None:
+    """The context of the rollout or eval bound last (None before any)."""
+    return _ACTIVE[0] if _ACTIVE else None
 
 
 def _names_evaluation(fn: Any) -> bool:
@@ -266,13 +302,16 @@ async def call_custom_generate(
     """Call a custom generate and check its output's shape (a Sample or a list of Samples)."""
     params = dict(sampling_params)
     kwargs = {"evaluation": evaluation} if _names_evaluation(fn) else {}
+    # where slime is importable the function gets slime's own Sample, and ours comes back
+    theirs = slime_compat.to_slime_sample(sample)
     try:
         if _is_async(fn):
-            out = await fn(args, sample, params, **kwargs)
+            out = await fn(args, theirs, params, **kwargs)
         else:  # a synchronous generate runs in a worker thread, off the rollout's event loop
-            out = await asyncio.to_thread(fn, args, sample, params, **kwargs)
+            out = await asyncio.to_thread(fn, args, theirs, params, **kwargs)
             if inspect.isawaitable(out):
                 out = await out
+        out = slime_compat.from_slime_sample(out, theirs, sample)
     except Exception as exc:
         exc.add_note(f"raised by the custom generate {path!r} on sample {getattr(sample, 'index', '?')}")
         raise

@@ -41,7 +41,7 @@ from pipeline.rollout.leftover_groups import Flight, LeftoverGroups
 from pipeline.rollout.rollout_report import Progress, format_summary
 from pipeline.rollout.sample_generate import (
     GenContext, bind, call_custom_generate, default_generate, encode_prompts, is_finished,
-    load_generate_fn, reset_sample, resolve_tokenizer, sample_seed, sampling_params_from_args,
+    load_generate_fn, release, reset_sample, resolve_tokenizer, sample_seed, sampling_params_from_args,
     snapshot,
 )
 from pipeline.sample import Sample
@@ -72,7 +72,8 @@ class TrainRun(LeftoverGroups):
             raise ValueError("partial_rollout=true needs a buffered data source (data_source=buffered); "
                              f"got {type(data_source).__name__}")
         self.ctx = GenContext(engine=owner.engine, tokenizer=owner.tokenizer, rollout_id=self.rollout_id,
-                              batch_invariant=owner.batch_invariant_log_probs)
+                              batch_invariant=owner.batch_invariant_log_probs,
+                              agent=owner.agent.run_for(args) if getattr(owner, "agent", None) else None)
         self.params = sampling_params_from_args(args)
         self.sem = asyncio.Semaphore(owner.max_concurrency) if owner.max_concurrency else None
         self.tasks: dict[asyncio.Task, Flight] = {}
@@ -118,6 +119,7 @@ class TrainRun(LeftoverGroups):
             raise
         finally:
             self.progress.close()
+            release(self.ctx)  # HTTP requests after this rollout do not see its abort
         elapsed = time.perf_counter() - start
         self.engine_rollout.over_sampler.end_rollout(self.accepted, self.decided)
         groups = [f.group for f in sorted(self.kept, key=lambda f: first_index(f.group))]
@@ -292,6 +294,7 @@ class TrainRun(LeftoverGroups):
         m["rollout/groups_dropped"] = self.dropped
         m["rollout/continued_samples"] = self.ctx.continued_samples
         m["rollout/tokens_generated"] = self.ctx.tokens_generated
+        m["rollout/http_requests"] = self.ctx.http_requests  # through the SGLang-compatible /generate
         m["rollout/tokens_per_kept_group"] = self.ctx.tokens_generated / max(1, self.target)
         m["rollout/filter_pass_rate"] = self.accepted / self.decided if self.decided else 1.0
         m["rollout/pass_rate_ema"] = self.engine_rollout.over_sampler.pass_rate
@@ -301,6 +304,8 @@ class TrainRun(LeftoverGroups):
         m["rollout/offpolicy_tokens_masked"] = self.ctx.offpolicy_tokens_masked
         m.update({k: v - self._reward_counts.get(k, 0) for k, v in reward_counts(self.engine_rollout.reward).items()})
         m.update(self._staleness())
+        if self.ctx.agent is not None:  # rollout.generate=agent: turns, tool calls, latency, tool tokens
+            m.update(self.ctx.agent.metrics())
         return m
 
     def _staleness(self) -> dict[str, float]:
