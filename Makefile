@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.installed
 ARGS   ?=
 PYTEST_ARGS ?=
 
-.PHONY: run test test-fast test-vllm bench-data bench-engine bench-cli bench-trainer bench-learn bench-distributed venv mutation
+.PHONY: run test test-fast docs test-vllm bench-data bench-engine bench-cli bench-trainer bench-learn bench-distributed venv mutation
 
 venv: $(STAMP)
 
@@ -35,6 +35,12 @@ test: $(STAMP)
 # Day-to-day: everything except the end-to-end tests marked `slow` (real model, Ray, servers).
 test-fast: $(STAMP)
 	$(PY) -m pytest -m 'not slow' -q $(XDIST) $(PYTEST_ARGS)
+
+# The documentation site (mkdocs.yml, pages in docs/): --strict fails on a broken link, a missing
+# page or anchor. It builds into a temp folder and removes it; `mkdocs serve` previews it live.
+docs: $(STAMP)
+	@site=$$(mktemp -d) && trap 'rm -rf "$$site"' EXIT && \
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir "$$site"
 
 bench-data: $(STAMP)
 	$(PY) bench/data_source.py

@@ -1,4 +1,4 @@
-"""Runnable plugin examples (README "Writing plugins"): each role in two forms.
+"""Runnable plugin examples (docs/plugins.md): each role in two forms.
 
 Native form: a class named by `_target_` in a YAML option under `examples/conf/<group>/`, picked
 with `hydra.searchpath=[file://examples/conf] <group>=<option>`; its `__init__` parameters come

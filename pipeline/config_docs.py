@@ -1,8 +1,9 @@
 """Generate the config-groups table (docs/config_groups.md) from `conf/`.
 
 `python -m pipeline.config_docs` rewrites docs/config_groups.md and the block between the
-config-groups markers in README.md; `--check` exits 1 when either differs from `conf/`
-(tests/test_readme.py checks the same, so the table cannot drift).
+config-groups markers of the configuration reference (docs/configuration.md, a page of the docs
+site); `--check` exits 1 when either differs from `conf/` (tests/test_readme.py checks the same,
+so the table cannot drift).
 Each option's description is the comment block at the top of its YAML file.
 """
 
@@ -17,15 +18,15 @@ from omegaconf import OmegaConf
 
 from pipeline.atomic import atomic_write_text
 
-__all__ = ["OUTPUTS", "README", "describe", "readme_block", "render", "with_readme_block"]
+__all__ = ["OUTPUTS", "PAGE", "describe", "page_block", "render", "with_page_block"]
 
 logger = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parents[1]
 # the file holding the generated table alone
 OUTPUTS = ("docs/config_groups.md",)
-# the README holds the same table between these markers
-README = "README.md"
+# the configuration reference holds the same table between these markers, below its prose
+PAGE = "docs/configuration.md"
 _BEGIN, _END = "<!-- config-groups:begin -->\n", "<!-- config-groups:end -->"
 # groups under conf/ that are Hydra's own, not the pipeline's
 _SKIP = {"hydra"}
@@ -78,20 +79,20 @@ def render(conf_dir: Path = ROOT / "conf") -> str:
     return "\n".join(lines) + "\n"
 
 
-def readme_block(readme: str) -> str:
-    """The text between the config-groups markers of the README."""
+def page_block(page: str) -> str:
+    """The text between the config-groups markers of the configuration reference."""
     try:
-        start = readme.index(_BEGIN) + len(_BEGIN)
-        return readme[start:readme.index(_END, start)]
+        start = page.index(_BEGIN) + len(_BEGIN)
+        return page[start:page.index(_END, start)]
     except ValueError:
-        raise ValueError(f"{README}: no '{_BEGIN.strip()}' ... '{_END}' markers around the config-groups table")
+        raise ValueError(f"{PAGE}: no '{_BEGIN.strip()}' ... '{_END}' markers around the config-groups table")
 
 
-def with_readme_block(readme: str, table: str) -> str:
-    """The README with its config-groups block replaced by `table`."""
-    old = readme_block(readme)
-    start = readme.index(_BEGIN) + len(_BEGIN)
-    return readme[:start] + table + readme[start + len(old):]
+def with_page_block(page: str, table: str) -> str:
+    """The configuration reference with its config-groups block replaced by `table`."""
+    old = page_block(page)
+    start = page.index(_BEGIN) + len(_BEGIN)
+    return page[:start] + table + page[start + len(old):]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,9 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     ns = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     text = render()
-    readme = (ROOT / README).read_text(encoding="utf-8")
+    page = (ROOT / PAGE).read_text(encoding="utf-8")
     wanted = {p: text for p in OUTPUTS}
-    wanted[README] = with_readme_block(readme, text)
+    wanted[PAGE] = with_page_block(page, text)
     stale = [p for p, body in wanted.items()
              if not (ROOT / p).exists() or (ROOT / p).read_text(encoding="utf-8") != body]
     if ns.check:

@@ -8,7 +8,7 @@ ops, so sleeping at once (`OMP_WAIT_POLICY=PASSIVE`, this project's setting befo
 2-thread engine's decode steps 1.4-1.9x slower on idle cores; spinning 10,000 iterations (about
 half a millisecond) keeps the workers awake across a step and lets them sleep between requests. Next to
 another busy process on the same cores the spinning threads take CPU from it and the step was
-1.3x slower than with sleeping (README "Performance"), so the key is a setting: 0 sleeps at once.
+1.3x slower than with sleeping (docs/performance.md), so the key is a setting: 0 sleeps at once.
 
 Spinning only pays while one thread of the process runs parallel ops: each thread that has run
 one keeps its own workers, and once the process holds more OpenMP threads than it has cores,

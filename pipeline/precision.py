@@ -3,7 +3,7 @@
 bfloat16 halves the bytes of weights and activations, and where oneDNN has bfloat16 kernels
 (AVX-512 BF16 or AMX; oneDNN emulates them on plain AVX-512) a bfloat16 matmul runs up to about
 twice as fast as float32: the hf engine made ~2x the tokens/s and a training step was 1.6x
-faster on such a CPU (README "Performance"). Where it has none (a CPU with AVX2 only), PyTorch
+faster on such a CPU (docs/performance.md). Where it has none (a CPU with AVX2 only), PyTorch
 falls back to a reference kernel: the engine's [32, 576] x [576, 1536] matmul took 50.6 ms in
 bfloat16 against 0.72 ms in float32 on an AMD EPYC with AVX2 (70x slower). So the defaults say
 `auto`: bfloat16 where it is fast, float32 elsewhere (`engine.dtype`, `trainer.bf16`).

@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
             logger.info("%s %s", "stale:" if ns.check else "rewrote", path.relative_to(ROOT))
     if ns.check:
         return 1 if changed else 0
-    # README.md and docs/config_groups.md carry the YAML comments: regenerate them
+    # docs/configuration.md and docs/config_groups.md carry the YAML comments: regenerate them
     subprocess.run([sys.executable, "-m", "pipeline.config_docs"], cwd=ROOT, check=True)
     return 0
 

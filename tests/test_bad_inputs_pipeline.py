@@ -1,5 +1,5 @@
 """Bad inputs across config, data, plugins and checkpoints, through the app (`pipeline.app.run`
-on a composed config) or the CLI (`python run.py ...`). Each case is a row of the README table
+on a composed config) or the CLI (`python run.py ...`). Each case is a row of the table in docs/reliability.md
 "Bad inputs and the errors they give" (the cross-layer one): the test checks that the message
 quoted there is part of the real one, and that every case has its row.
 
@@ -314,9 +314,9 @@ CASES: dict[str, Callable[[Path], str]] = {
 
 
 def readme_rows() -> dict[str, str]:
-    """case id -> the error quoted in the README's cross-layer table."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert TABLE_START in text, f"README lacks the marker {TABLE_START}"
+    """case id -> the error quoted in the cross-layer table of docs/reliability.md."""
+    text = (ROOT / "docs" / "reliability.md").read_text(encoding="utf-8")
+    assert TABLE_START in text, f"docs/reliability.md lacks the marker {TABLE_START}"
     table = text.split(TABLE_START, 1)[1].split("\n\n", 2)[1]
     rows = {}
     for line in table.splitlines():

@@ -1,6 +1,7 @@
 """The docs hold together: every `docs/contracts.md §N` reference in the repository names a
-section of docs/contracts.md, nothing cites the old out-of-repo contract, and the local links
-of README.md and docs/*.md resolve."""
+section of docs/contracts.md, nothing cites the old out-of-repo contract, the local links of
+README.md and docs/*.md resolve, every command block is run by a test or says why not, and the
+README stays short, linking pages of the site (mkdocs.yml; `make docs` builds it strictly)."""
 
 from __future__ import annotations
 
@@ -90,3 +91,46 @@ def test_local_links_of_readme_and_docs_resolve():
             if not (doc.parent / target.split("#", 1)[0]).exists():
                 broken.append(f"{doc.relative_to(ROOT)}: {target}")
     assert not broken, "links to files that do not exist:\n" + "\n".join(broken)
+
+
+# a ```bash block no test runs says why on the line before it
+NOT_RUN = re.compile(r"^<!-- not run: \S.*-->$")
+# the README stays a page a newcomer reads in five minutes; the rest lives in docs/ (issue #32)
+README_MAX_LINES = 300
+
+
+def test_every_command_block_is_run_by_a_test_or_says_why_not():
+    """A ```bash block of README.md or docs/ is run whole by the test RUN_WHOLE names, or holds only
+    `python run.py` lines (tests/test_readme_scale.py puts each through pre-flight), or the line
+    before it is `<!-- not run: <why> -->`."""
+    from tests.test_readme_scale import RUN_WHOLE, blocks
+
+    for (page, _), test in RUN_WHOLE.items():
+        path, name = test.split("::")
+        assert f"def {name}(" in (ROOT / path).read_text(encoding="utf-8"), test
+    unexplained, marked = [], 0
+    for page, heading, text in blocks():
+        doc = ROOT / page if page == "README.md" else ROOT / "docs" / page
+        before = doc.read_text(encoding="utf-8").split(f"```bash\n{text}```", 1)[0].rstrip("\n").rsplit("\n", 1)[-1]
+        lines = [line.strip() for line in text.replace("\\\n", " ").splitlines()
+                 if line.strip() and not line.lstrip().startswith("#")]
+        if (page, heading) in RUN_WHOLE:
+            continue
+        if NOT_RUN.match(before):
+            marked += 1
+            continue
+        if not all(line.startswith("python run.py") for line in lines):
+            unexplained.append(f"{page} {heading}: {lines}")
+    assert marked >= 5, "the not-run markers are no longer found; did their syntax change?"
+    assert not unexplained, ("command blocks no test runs; run them in a test or put "
+                             "'<!-- not run: <why> -->' on the line before:\n" + "\n".join(unexplained))
+
+
+def test_the_readme_is_short_and_its_pages_are_in_the_site():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= README_MAX_LINES
+    nav = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    linked = set(re.findall(r"\]\(docs/([\w-]+\.md)", readme))
+    assert len(linked) >= 10, linked
+    missing = [page for page in sorted(linked) if f": {page}" not in nav]
+    assert not missing, f"README links pages that mkdocs.yml's nav lacks: {missing}"

@@ -1,4 +1,4 @@
-"""The plugin examples in examples/ (README "Writing plugins"), each run through the CLI with the
+"""The plugin examples in examples/ (docs/plugins.md), each run through the CLI with the
 scripted engine in both forms: native (YAML `_target_` via hydra.searchpath) and slime (dotted path)."""
 
 from __future__ import annotations

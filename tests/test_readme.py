@@ -1,5 +1,7 @@
-"""The README's tour runs as written, in order, with small sizes; the config-groups table (in the
-README and docs/config_groups.md) is exactly what `conf/` generates."""
+"""The tour runs as written, in order, with small sizes (docs/getting-started.md, and the README's
+short tour is the same commands); the plugin and configuration-reference commands run; the
+config-groups table (docs/configuration.md and docs/config_groups.md) is exactly what `conf/`
+generates."""
 
 from __future__ import annotations
 
@@ -15,26 +17,38 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config_docs import OUTPUTS, README, describe, readme_block, render
+from pipeline.config_docs import OUTPUTS, PAGE, describe, page_block, render
 
 ROOT = Path(__file__).resolve().parents[1]
-README_TEXT = (ROOT / README).read_text(encoding="utf-8")
+README_TEXT = (ROOT / "README.md").read_text(encoding="utf-8")
 # appended to every `python run.py` command unless it sets the key itself: no model, tiny sizes
 SMALL = {"engine": "scripted", "num_rollout": "2", "rollout_batch_size": "2", "n_samples_per_prompt": "2"}
 EXAMPLE_DIR = re.compile(r"outputs/(runs|multirun)/[^\s/]+")
 
 
-def readme_section(title: str) -> str:
-    """The text of the README section `## <title>` up to the next `## ` heading."""
-    match = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", README_TEXT, flags=re.S | re.M)
-    assert match, f"README has no section '## {title}'"
+def section(text: str, title: str, where: str = "README") -> str:
+    """The text of the section `## <title>` of a Markdown text up to the next `## ` heading."""
+    match = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", text, flags=re.S | re.M)
+    assert match, f"{where} has no section '## {title}'"
     return match.group(1)
 
 
+def page_section(page: str, title: str) -> str:
+    """`section` of docs/<page>."""
+    return section((ROOT / "docs" / page).read_text(encoding="utf-8"), title, f"docs/{page}")
+
+
+def commands(text: str) -> list[str]:
+    """The commands of the ```bash blocks of a text, in order (one per non-comment line, a trailing
+    `# comment` cut)."""
+    blocks = re.findall(r"```bash\n(.*?)```", text, flags=re.S)
+    return [re.split(r"\s+#\s", line.strip())[0] for b in blocks for line in b.splitlines()
+            if line.strip() and not line.startswith("#")]
+
+
 def tour_commands() -> list[str]:
-    """The commands of the ```bash blocks of the tour, in order (one per non-comment line)."""
-    blocks = re.findall(r"```bash\n(.*?)```", readme_section("A 5-minute tour"), flags=re.S)
-    return [line.strip() for b in blocks for line in b.splitlines() if line.strip() and not line.startswith("#")]
+    """The commands of the tour in docs/getting-started.md, in order."""
+    return commands(page_section("getting-started.md", "A 5-minute tour"))
 
 
 class Tour:
@@ -114,11 +128,18 @@ def test_tour_commands_run_in_order(tmp_path):
             assert "n_samples_per_prompt" in (out / "report.md").read_text()
 
 
+def test_the_readme_tour_is_the_getting_started_tour():
+    """The README's short tour names the same commands, in the same order, as the page's tour that
+    the test above runs, so every command of both is run."""
+    assert commands(section(README_TEXT, "A 5-minute tour")) == tour_commands()
+
+
 def test_config_groups_doc_matches_conf():
     text = render()
     for rel in OUTPUTS:
         assert (ROOT / rel).read_text(encoding="utf-8") == text, f"{rel} is stale: run `python -m pipeline.config_docs`"
-    assert readme_block(README_TEXT) == text, "the README's config-groups table is stale: run `python -m pipeline.config_docs`"
+    page = (ROOT / PAGE).read_text(encoding="utf-8")
+    assert page_block(page) == text, f"{PAGE}'s config-groups table is stale: run `python -m pipeline.config_docs`"
     for group in (ROOT / "conf").iterdir():
         if group.is_dir() and group.name != "hydra":
             for option in group.glob("*.yaml"):
@@ -140,7 +161,7 @@ def test_config_docs_follow_a_changed_conf(tmp_path):
 
 @pytest.mark.timeout(240)
 def test_plugin_commands_run(tmp_path):
-    text = readme_section("Writing plugins")
+    text = (ROOT / "docs" / "plugins.md").read_text(encoding="utf-8")
     blocks = re.findall(r"```bash\n(.*?)```", text, flags=re.S)
     commands = [b.replace("\\\n", " ").strip() for b in blocks]
     assert len(commands) == 2 and all(c.startswith("python run.py experiment=smoke") for c in commands)
@@ -153,3 +174,25 @@ def test_plugin_commands_run(tmp_path):
         assert steps(run_dir) == [0, 1]
         config = (run_dir / ".hydra" / "config.yaml").read_text()
         assert "examples." in config  # the example plugins were really selected
+
+
+@pytest.mark.timeout(120)
+def test_configuration_reference_commands_run(tmp_path):
+    """The block at the top of docs/configuration.md: --help lists the groups, --cfg job prints the
+    composed config, and the smoke overlay runs (no model)."""
+    page = (ROOT / PAGE).read_text(encoding="utf-8").split("## Config groups", 1)[0]
+    found = commands(page)
+    assert [shlex.split(c)[:3] for c in found] == [["python", "run.py", "--help"], ["python", "run.py", "--cfg"],
+                                                    ["python", "run.py", "experiment=smoke"]], found
+    env = {**os.environ, "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
+    outputs = []
+    for i, command in enumerate(found):
+        argv = [sys.executable] + shlex.split(command)[1:]
+        if "--help" not in argv:
+            argv.append(f"hydra.run.dir={tmp_path / str(i)}")
+        proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=100)
+        assert proc.returncode == 0, f"{command}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+        outputs.append(proc.stdout)
+    assert "data_source" in outputs[0] and "reward_topk" in outputs[0]  # the groups and their options
+    assert "rollout_batch_size:" in outputs[1] and "${" not in outputs[1]  # resolved
+    assert steps(tmp_path / "2")

@@ -1,4 +1,4 @@
-"""The README's "Porting from slime" table, checked against `conf/` and the `args` plugins get:
+"""The "Porting from slime" page's flag table (docs/slime.md), checked against `conf/` and the `args` plugins get:
 every key it names exists, every override composes, every `args.` name is what a plugin reads
 (with the value of the key beside it), and every slime hook key and args mirror is in it."""
 
@@ -15,7 +15,7 @@ from pipeline.config import _DATA_MIRRORS, _REWARD_MIRRORS, SlimeArgs, to_plain
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
-SECTION = re.search(r"^## Porting from slime\n(.*?)(?=^## |\Z)", (ROOT / "README.md").read_text(encoding="utf-8"),
+SECTION = re.search(r"^# Porting from slime\n(.*)", (ROOT / "docs" / "slime.md").read_text(encoding="utf-8"),
                     flags=re.S | re.M)
 OVERRIDE = re.compile(r"^[+~]?[\w.]+=\S+$")
 KEY = re.compile(r"^[a-z_][\w.]*$")
@@ -23,7 +23,7 @@ KEY = re.compile(r"^[a-z_][\w.]*$")
 
 def rows() -> list[tuple[str, list[str], str | None]]:
     """(slime flag cell, backticked snippets of the `here` cell, args name or None) per row."""
-    assert SECTION, "README has no '## Porting from slime' section"
+    assert SECTION, "docs/slime.md does not start with '# Porting from slime'"
     out = []
     for line in SECTION.group(1).splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -74,7 +74,7 @@ def test_every_slime_hook_key_and_args_mirror_is_in_the_table():
 
 
 def test_the_command_for_slime_s_own_async_rm_works_as_written(tmp_path):
-    """The section's command for slime's `rm_hub.async_rm`: slime's source on PYTHONPATH, the pip packages
+    """The page's command for slime's `rm_hub.async_rm`: slime's source on PYTHONPATH, the pip packages
     the error names, and overrides that pass the allowlist. Here slime's source is not on the path, so
     what remains is the import, refused saying what to install (checked once against slime's real
     source, not committed)."""

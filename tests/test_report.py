@@ -250,7 +250,7 @@ def test_bands_stay_in_the_quantitys_range():
 
 
 def test_committed_real_sweep_report_is_what_the_report_writes(tmp_path):
-    """docs/img/real_sweep holds the metrics of the README's real-model sweep; its report.md
+    """docs/img/real_sweep holds the metrics of the real-model sweep in docs/getting-started.md; its report.md
     (and report.json) are what `python -m pipeline.report` writes from them today."""
     docs = ROOT / "docs" / "img" / "real_sweep"
     write_report(docs / "jobs", tmp_path, title="real model (SmolLM2-135M), 2 seeds × n_samples_per_prompt 2, 4")

@@ -1,5 +1,5 @@
 """Security: no unsafe deserialisation in `pipeline/`, the `_target_` allowlist, no remote code,
-remote URLs only from config, and no secrets in logs or dumped configs (README "Security")."""
+remote URLs only from config, and no secrets in logs or dumped configs (docs/reliability.md, "Security")."""
 
 from __future__ import annotations
 

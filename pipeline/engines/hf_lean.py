@@ -22,7 +22,7 @@ layout (`torch.ops.mkldnn._linear_pointwise`, what inductor uses for frozen CPU 
 of `aten::linear`, which re-packs each weight on every call: at decode batch sizes the step reads
 every weight once and does little arithmetic with it, and skipping the re-pack made a step
 1.15-1.5x faster on an AVX2 CPU in float32 and its matmuls 1.36x faster in bfloat16 on an AMX
-CPU, with results bit-identical to `aten::linear`'s (README "Performance"). `refresh()` reorders
+CPU, with results bit-identical to `aten::linear`'s (docs/performance.md). `refresh()` reorders
 the changed weights again.
 
 `native=` (a `native_kernels.NativeKernels`; bfloat16, packed) runs each layer's work between its

@@ -6,7 +6,7 @@ with the RMSNorm, RoPE with the cache write and the attention, and SiLU times up
 samples the next tokens (`NativeKernels.sample`, used by `hf_sampling.sample_batch`). At batch
 32 the PyTorch ops took about as long as the matmuls (PyTorch's CPU flash attention re-packs the
 cache slice for its AMX micro-kernels on every call; each small op is a dispatch and a pass over
-memory), and the PyTorch sampler 5-10 ms per step; README "Performance" has the measurements.
+memory), and the PyTorch sampler 5-10 ms per step; docs/performance.md has the measurements.
 
 Arithmetic: the same as the PyTorch ops in bfloat16 (float32 inside, every intermediate that
 PyTorch rounds to bfloat16 rounded the same way, round to nearest even), except that sums are

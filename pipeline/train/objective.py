@@ -12,7 +12,7 @@ later term and metric, as slime rebuilds its reducer: the reducer is rebuilt on 
 original denominators (the batch's `rollout_mask_sums`, else the original masks' counts); the
 hook's own metrics and `ois` keep the original masks.
 
-Where this departs from slime (README, "Porting from slime"):
+Where this departs from slime (docs/slime.md, "Where the trainer departs from slime"):
 - `kl_loss_coef` 0: the KL is a metric only, computed without gradient and left out of the loss;
   slime adds 0 x KL, which is NaN when the KL overflows (inf), so a run's loss turns NaN.
 - `get_mismatch_metrics` without `use_tis` reports the TIS function's metrics and `ois` and

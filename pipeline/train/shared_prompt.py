@@ -37,7 +37,7 @@ def group_prompts(tokens: list[torch.Tensor], response_lengths: list[int]) -> tu
 
 
 # one more response pass costs about as much as this many padded tokens (per-pass overhead of the
-# 30 layers' calls, and smaller matmuls); measured with SmolLM2-135M on this CPU (README)
+# 30 layers' calls, and smaller matmuls); measured with SmolLM2-135M on this CPU (docs/performance.md)
 PASS_OVERHEAD_TOKENS = 32
 
 

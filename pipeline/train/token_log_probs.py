@@ -14,8 +14,8 @@ Why: with SmolLM2's 49,152-token vocabulary the output logits of a training micr
 largest tensors of the step (16 samples x 48 positions: 38 M values), and the unfused chain
 (a float32 copy, log-softmax, exp and multiply for the entropy, the log-softmax backward, the
 cast of the gradient back to bfloat16) streamed them through memory about ten times: 0.35 s of
-forward and backward at that size on 2 cores, against 0.08 s chunked (README "Training the
-policy").
+forward and backward at that size on 2 cores, against 0.08 s chunked (docs/performance.md,
+"History").
 
 Gradient, with p = softmax(z / T), log p its log, H the entropy, g and h the incoming gradients of
 the log-prob and the entropy: dz_j = (g (1[j = target] - p_j) - h p_j (log p_j + H)) / T.

@@ -43,7 +43,7 @@ LOGPROB_ATOL = 1e-3
 # tokens each. The default hf engine must stay MIN_SPEEDUP x ahead of vLLM's float32 server (the
 # issue's target, 3x; measured 7.97x on an AMX CPU with the native decode kernels) and
 # MIN_SPEEDUP_BFLOAT16 x ahead of vLLM serving bfloat16 (measured 3.22x there; the floor leaves
-# room for run-to-run noise). README performance section.
+# room for run-to-run noise). docs/performance.md.
 CONCURRENCY = 32
 THROUGHPUT_NEW_TOKENS = 32
 MIN_SPEEDUP = 3.0

@@ -4,7 +4,7 @@ slime's exact signature (slime @624b824: `slime/rollout/sample_hooks.py`, `slime
 from the command line in tests/test_slime_hooks_cli.py.
 
 Every hook appends one JSON line per call to `<args.hook_log_dir>/<hook>.jsonl`: `hook_log_dir`
-is a slime-style arg this config does not have, set with `+hook_log_dir=...` as the README says.
+is a slime-style arg this config does not have, set with `+hook_log_dir=...` as docs/slime.md says.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Graders on the (response, label) pairs of issue 31 (items 7-10), against slime @624b824's rm_hub.
 
 The `SLIME` values were produced by slime's own graders (`slime/rollout/rm_hub/`, commit 624b824,
-run outside the repo with pylatexenc installed); where ours differs on purpose the README's
-"Porting from slime" departures table says why.
+run outside the repo with pylatexenc installed); where ours differs on purpose docs/slime.md's
+"Where the graders depart from slime" table says why.
 """
 
 from __future__ import annotations

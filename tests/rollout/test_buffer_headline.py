@@ -53,7 +53,7 @@ def completed_group(src: Any, rewards: list[float], start: int = 0) -> list[Samp
 def test_buffered_source_over_samples_and_the_plain_default_does_not():
     assert compose_cfg().over_sampling_batch_size == 4  # rollout_batch_size, as before
     assert compose_cfg(*HEADLINE).over_sampling_batch_size == 12
-    # the README tour's step 4 command keeps the dynamic filter's factor 4
+    # the tour's step 4 command (README, docs/getting-started.md) keeps the dynamic filter's factor 4
     assert compose_cfg(*HEADLINE, "dynamic_filter=nonzero_std", "partial_rollout=true").over_sampling_batch_size == 16
     assert compose_cfg(*HEADLINE, "over_sampling_factor=1").over_sampling_batch_size == 4
     assert compose_cfg(*HEADLINE, "rollout_batch_size=3", "over_sampling_factor=1.5") \

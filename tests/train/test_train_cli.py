@@ -112,7 +112,7 @@ def test_policy_gradient_on_the_real_model_resumes_bit_identically(data, tmp_pat
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_learn_sweep_gives_curves_per_job_in_wandb_and_bands_per_n(data, tmp_path):
-    """`-m experiment=learn data_source.seed=... n_samples_per_prompt=...` (the README's sweep,
+    """`-m experiment=learn data_source.seed=... n_samples_per_prompt=...` (the tour's sweep,
     shrunk): every job trains, logs its eval curve to offline wandb in one group, and the
     report averages the seeds into one mean ± std band per n_samples_per_prompt."""
     from pipeline.report.build import write_report
