@@ -15,9 +15,9 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from pipeline.config import ConfigError
-from pipeline.run_lock import RunDirLocked
-from pipeline.session import prepare_argv
+from pipeline.config.args import ConfigError
+from pipeline.run.run_lock import RunDirLocked
+from pipeline.run.session import prepare_argv
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
@@ -31,7 +31,7 @@ def main(cfg: DictConfig) -> None:
     """
     # imported here, not at the top: `--help` and `--cfg job` end inside Hydra before this runs, so
     # they do not pay for importing torch (about 3 s)
-    from pipeline.app import run
+    from pipeline.run.app import run
 
     try:
         run(cfg)

@@ -10,7 +10,7 @@ Cases (each in processes of its own, alternated `--repeat` times):
 - `fsdp2-bf16-reshard`: bfloat16 parameters, resharded after each forward (the least memory);
 - `fsdp2-kept`: fsdp2 with `trainer.release_freed_memory=false` (glibc keeps freed memory, as
   the one process does);
-- `one-released`: the one process under the workers' malloc policy (`pipeline.malloc.
+- `one-released`: the one process under the workers' malloc policy (`pipeline.process.malloc.
   release_freed_memory`), so that the memory ratio can also be read with the same allocator on
   both sides (`peak_rss_ratio_worker_over_one_released`).
 Reported: seconds per optimizer step (median of the steps after the first), the ratio
@@ -84,7 +84,9 @@ def child_one(a: argparse.Namespace) -> None:
     """The one-process trainer (run as a subprocess): JSON on stdout."""
     import torch
 
-    from pipeline import load_train_data, malloc
+    from pipeline import load_train_data
+
+    from pipeline.process import malloc
     from pipeline.train.policy_gradient import PolicyGradientTrainer
 
     if a.release:
@@ -110,7 +112,7 @@ def run_distributed(a: argparse.Namespace, strategy: str) -> dict[str, Any]:
     import ray
 
     from pipeline import load_train_data
-    from pipeline.config import SlimeArgs
+    from pipeline.config.args import SlimeArgs
     from pipeline.train.build import policy_gradient_trainer
 
     data = load_train_data(a.data)

@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from omegaconf import OmegaConf  # noqa: E402
 
-from pipeline.openmp import ENV_KEYS as OPENMP_ENV_KEYS, configure_openmp_wait  # noqa: E402 - torch-free
+from pipeline.process.openmp import ENV_KEYS as OPENMP_ENV_KEYS, configure_openmp_wait  # noqa: E402 - torch-free
 
 # conf/config.yaml's `omp_spin_count`, applied as `python run.py` applies it, before torch loads
 # (an OMP_WAIT_POLICY or GOMP_SPINCOUNT in the environment wins): the engines run at the default
@@ -70,7 +70,7 @@ def default_engine_kwargs() -> dict[str, Any]:
     `auto` dtype resolved for this CPU, outside deterministic mode)."""
     from omegaconf import OmegaConf
 
-    from pipeline.precision import resolve_dtype
+    from pipeline.process.precision import resolve_dtype
 
     conf = OmegaConf.load(ROOT / "conf" / "engine" / "hf.yaml")
     out = {k: conf[k] for k in ("decode_impl", "max_batch_size", "packed_matmuls", "native_kernels")}

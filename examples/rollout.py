@@ -13,7 +13,7 @@ from typing import Any
 from pipeline.engines.base import GenerationRequest, SamplingParams
 from pipeline.rollout.async_loop import run_sync
 from pipeline.rollout.contracts import RolloutFnTrainOutput
-from pipeline.sample import Sample
+from pipeline.samples.sample import Sample
 
 __all__ = ["SequentialRollout", "oracle_rollout"]
 

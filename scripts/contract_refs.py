@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     if ns.check:
         return 1 if changed else 0
     # docs/configuration.md and docs/config_groups.md carry the YAML comments: regenerate them
-    subprocess.run([sys.executable, "-m", "pipeline.config_docs"], cwd=ROOT, check=True)
+    subprocess.run([sys.executable, "-m", "pipeline.config.docs"], cwd=ROOT, check=True)
     return 0
 
 

@@ -53,9 +53,9 @@ MODULES: dict[str, tuple[list[str], list[str] | None]] = {
                                         None),
     # (test_checkpoint_crash.py kills a real subprocess: too slow to run per mutant)
     "pipeline/data/checkpoint.py": (["tests/data/test_checkpoint.py", "tests/data/test_checkpoint_format.py"], None),
-    "pipeline/atomic.py": (["tests/test_atomic.py", "tests/data/test_checkpoint.py"], None),
-    "pipeline/openmp.py": (["tests/test_openmp.py"], None),
-    "pipeline/malloc.py": (["tests/test_malloc.py"], None),
+    "pipeline/process/atomic.py": (["tests/test_atomic.py", "tests/data/test_checkpoint.py"], None),
+    "pipeline/process/openmp.py": (["tests/test_openmp.py"], None),
+    "pipeline/process/malloc.py": (["tests/test_malloc.py"], None),
     # the empty-label rule and its pre-flight scan; the graders and the remote answer types (issue 31)
     "pipeline/rewards/labels.py": (["tests/rewards/test_slime_parity_graders.py",
                                     "tests/rewards/test_reward_preflight.py"], None),
@@ -141,16 +141,36 @@ MODULES: dict[str, tuple[list[str], list[str] | None]] = {
                                              *[f"pipeline.train.distributed.group.xǁWorkerGroupǁ{fn}__mutmut_*"
                                                for fn in ("__init__", "call_one", "call", "_wait", "_died",
                                                           "close")]]),
-    # the allowlist part of the plugin table (moved from pipeline/config.py)
-    "pipeline/plugins.py": (["tests/test_allowlist.py", "tests/test_security.py",
+    # the allowlist part of the plugin table (moved from the old pipeline/config.py module)
+    "pipeline/config/plugins.py": (["tests/test_allowlist.py", "tests/test_security.py",
                              "tests/test_config.py"],
-                            [f"pipeline.plugins.x_{fn}__mutmut_*" for fn in (
+                            [f"pipeline.config.plugins.x_{fn}__mutmut_*" for fn in (
                                 "_allowed_prefixes", "check_allowed", "load_object", "_import_hint", "_check_origin",
                                 "_check_tree", "allowed_targets")]),
     # the Sample's growth and meta_info folding (slime's append_response_tokens), its dict form (issue 31)
-    "pipeline/sample.py": (["tests/data/test_sample.py", "tests/data/test_sample_slime.py"], None),
+    "pipeline/samples/sample.py": (["tests/data/test_sample.py", "tests/data/test_sample_slime.py"], None),
     # override quoting both ways and the `+key` typo warning with its edit distance (issue 31)
-    "pipeline/overrides.py": (["tests/test_overrides.py"], None),
+    "pipeline/run/overrides.py": (["tests/test_overrides.py"], None),
+    # the run record: stored overrides and their upgrades, resume checks, the change log (issue 32)
+    "pipeline/run/run_record.py": (["tests/test_run_record.py", "tests/test_run_dir.py",
+                                    "tests/resume/test_resume_upgrade.py", "tests/resume/test_resume_kill.py"], None),
+    # one run per run dir: the lock, a dead holder taken over after a crash (issue 32)
+    "pipeline/run/run_lock.py": (["tests/test_run_dir.py", "tests/test_bad_inputs_pipeline.py",
+                                  "tests/resume/test_resume_kill.py"], None),
+    # fixed and adaptive over-sampling, its state across a kill (issue 32)
+    "pipeline/rollout/over_sampling.py": (["tests/rollout/test_plugins_and_adaptive.py",
+                                           "tests/rollout/test_train_run_items.py",
+                                           "tests/rollout/test_buffer_headline.py",
+                                           "tests/resume/test_resume_kill.py"], None),
+    # token weight versions, staleness and its buffer bound (issue 32)
+    "pipeline/samples/versions.py": (["tests/rollout/test_weight_versions.py", "tests/rollout/test_train_run_items.py",
+                                      "tests/rollout/test_engine_rollout.py", "tests/rollout/test_sample_generate.py",
+                                      "tests/data/test_buffer_filter_order.py", "tests/data/test_checkpoint.py",
+                                      "tests/data/test_property.py", "tests/train/test_train_async.py",
+                                      "tests/train/test_train_async_real.py"], None),
+    # the batched sampler of the static decode path: temperature, top-k / top-p, seeded rows (issue 32)
+    "pipeline/engines/hf_sampling.py": (["tests/engines/test_hf_static.py", "tests/engines/test_native_kernels.py",
+                                         "tests/engines/test_hf_engine.py"], None),
 }
 
 # Each test's limits in a module's run (tests/conftest.py applies them). The CPU-time cap is the

@@ -94,19 +94,19 @@ EQUIVALENT: dict[str, str] = {
     "pipeline.rollout.train_run.xǁTrainRunǁ_run_item__mutmut_57": (
         "with no hooks configured SampleHooks.apply returns each sample as it is (a list as an equal new list), so "
         "calling it changes nothing"),
-    # pipeline/atomic.py
-    **{f"pipeline.atomic.x_atomic_write_bytes__mutmut_{i}": "after a failed write the temp file exists (mkstemp made "
+    # pipeline/process/atomic.py
+    **{f"pipeline.process.atomic.x_atomic_write_bytes__mutmut_{i}": "after a failed write the temp file exists (mkstemp made "
        "it; only a concurrent cleaner could remove it first), so missing_ok is never needed" for i in (26, 28)},
-    **{f"pipeline.atomic.x__umask__mutmut_{i}": "/proc/self/status is ASCII text: 'ascii', 'ASCII' and the locale's "
+    **{f"pipeline.process.atomic.x__umask__mutmut_{i}": "/proc/self/status is ASCII text: 'ascii', 'ASCII' and the locale's "
        "default encoding (an ASCII superset on every Python-supported Linux locale) read it the same"
        for i in (2, 4, 8)},
-    "pipeline.atomic.x__umask__mutmut_21": (
+    "pipeline.process.atomic.x__umask__mutmut_21": (
         "the temporary umask is set back on the next line and its value is never used: any value reads the old mask"),
-    **{f"pipeline.atomic.x_make_temp__mutmut_{i}": "the fchmod failed right after mkstemp made the file, so it exists "
+    **{f"pipeline.process.atomic.x_make_temp__mutmut_{i}": "the fchmod failed right after mkstemp made the file, so it exists "
        "and missing_ok is never needed" for i in (15, 17)},
-    "pipeline.atomic.x_prune_numbered_dirs__mutmut_4": (
+    "pipeline.process.atomic.x_prune_numbered_dirs__mutmut_4": (
         "keep < 0 instead of <= 0: with keep = 0 the slice found[:-0] is empty, so nothing is removed either way"),
-    "pipeline.atomic.x_atomic_write_text__mutmut_7": "codec names are case-insensitive: 'UTF-8' is 'utf-8'",
+    "pipeline.process.atomic.x_atomic_write_text__mutmut_7": "codec names are case-insensitive: 'UTF-8' is 'utf-8'",
     # pipeline/rollout/dynamic_filters.py
     "pipeline.rollout.dynamic_filters.x_check_reward_nonzero_std_with_fallback__mutmut_6": (
         "check_reward_nonzero_std takes **kwargs for slime's signature and reads none of them"),
@@ -138,8 +138,8 @@ EQUIVALENT: dict[str, str] = {
     **{f"pipeline.train.shared_prompt.x_shared_prompt_log_probs__mutmut_{i}": "the prompts are right-padded: under "
        "causal attention no real prompt token sees the padding after it and positions count from 0 either way, so "
        "the prompt pass needs no mask; the response passes mask the padded prompt keys" for i in (39, 43)},
-    # pipeline/plugins.py (the allowlist, run as pipeline/config.py before it moved: re-check the numbers)
-    **{f"pipeline.plugins.x_load_object__mutmut_{i}": "the inner load_object one level up only tries; its `where` "
+    # pipeline/config/plugins.py (the allowlist, run as pipeline/config/args.py before it moved: re-check the numbers)
+    **{f"pipeline.config.plugins.x_load_object__mutmut_{i}": "the inner load_object one level up only tries; its `where` "
        "reaches nothing but its own error message, which `except Exception: pass` drops" for i in (31, 34)},
     # pipeline/data/sources.py
     **{f"pipeline.data.sources.x__copies__mutmut_{i}": "a JSON copy that fails or changes the value falls back to "
@@ -171,8 +171,8 @@ EQUIVALENT: dict[str, str] = {
         "torch infers the dtype the code names from the values (ints: int64, floats: float32)"),
     "pipeline.sinks.files.x_to_tensors__mutmut_80": (
         "torch infers the dtype the code names from the values (ints: int64, floats: float32)"),
-    # pipeline/openmp.py
-    "pipeline.openmp.x_release_thread_workers__mutmut_5": (
+    # pipeline/process/openmp.py
+    "pipeline.process.openmp.x_release_thread_workers__mutmut_5": (
         "omp_pause_soft (1) or omp_pause_hard (2): libgomp's pause frees the calling thread's pool either way"),
     # pipeline/train/token_log_probs.py: chunking is exact, so how rows are cut into chunks (or
     # chunks that overlap or run to the end) changes the speed, never a value
@@ -266,8 +266,8 @@ EQUIVALENT: dict[str, str] = {
     "pipeline.rewards.remote.xǁRemoteRewardǁ__init____mutmut_25": (
         "httpx's connection limit: the LoopLocal semaphore of the same size admits no more requests at "
         "once, so the pool never holds more (test_remote_concurrency_limit_and_rm_url_fallback pins it)"),
-    # pipeline/overrides.py
-    "pipeline.overrides.x_edit_distance__mutmut_1": (
+    # pipeline/run/overrides.py
+    "pipeline.run.overrides.x_edit_distance__mutmut_1": (
         "`before`'s first value is never read: the swap branch needs i > 1, and by then `before` is the row "
         "before `prev`"),
 }

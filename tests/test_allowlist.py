@@ -1,4 +1,4 @@
-"""The plugin allowlist (pipeline/plugins.py), called directly: what is refused, where it says so,
+"""The plugin allowlist (pipeline/config/plugins.py), called directly: what is refused, where it says so,
 and the advice it gives. tests/test_security.py covers the same through configs and the CLI."""
 
 from __future__ import annotations
@@ -7,15 +7,15 @@ import os.path
 
 import pytest
 
-from pipeline.config import ConfigError
-from pipeline.plugins import PluginImportError, TargetNotAllowedError, _check_tree, allowed_targets, check_allowed, load_object
+from pipeline.config.args import ConfigError
+from pipeline.config.plugins import PluginImportError, TargetNotAllowedError, _check_tree, allowed_targets, check_allowed, load_object
 
 pytestmark = pytest.mark.timeout(30)
 
 ALLOWED = ("pipeline.", "builtins.dict")
 
 
-@pytest.mark.parametrize("target", ["pipeline.plugins.load_object", "builtins.dict",
+@pytest.mark.parametrize("target", ["pipeline.config.plugins.load_object", "builtins.dict",
                                     "builtins.dict.fromkeys"])
 def test_allowed_targets_pass(target):
     check_allowed(target, ALLOWED)
@@ -39,14 +39,14 @@ def test_the_advice_depends_on_stdlib_or_own_code():
 
 
 def test_a_path_that_resolves_outside_the_allowlist_is_refused():
-    # pipeline.atomic imports os: "pipeline.atomic.os" is the os module, "...os.path.join" posixpath.join
-    with pytest.raises(TargetNotAllowedError, match=r"^rollout \('pipeline.atomic.os' resolves to 'os'\): "
+    # pipeline.process.atomic imports os: "pipeline.process.atomic.os" is the os module, "...os.path.join" posixpath.join
+    with pytest.raises(TargetNotAllowedError, match=r"^rollout \('pipeline.process.atomic.os' resolves to 'os'\): "
                                                      r"target 'os' is not allowed"):
-        load_object("pipeline.atomic.os", ALLOWED, "rollout")
-    with pytest.raises(TargetNotAllowedError, match=rf"^plugin \('pipeline.atomic.os.path.join' resolves to "
+        load_object("pipeline.process.atomic.os", ALLOWED, "rollout")
+    with pytest.raises(TargetNotAllowedError, match=rf"^plugin \('pipeline.process.atomic.os.path.join' resolves to "
                                                      rf"'{os.path.join.__module__}.join'\)"):
-        load_object("pipeline.atomic.os.path.join", ALLOWED)
-    assert load_object("pipeline.plugins.load_object", ALLOWED) is load_object
+        load_object("pipeline.process.atomic.os.path.join", ALLOWED)
+    assert load_object("pipeline.config.plugins.load_object", ALLOWED) is load_object
 
 
 def test_load_object_errors_name_the_place():
@@ -55,19 +55,19 @@ def test_load_object_errors_name_the_place():
             load_object(bad, ALLOWED, "eval")
     with pytest.raises(PluginImportError, match=r"^plugin: cannot import 'pipeline.nope.fn': ModuleNotFoundError"):
         load_object("pipeline.nope.fn", ALLOWED)
-    with pytest.raises(PluginImportError, match=r"^plugin: cannot import 'pipeline.plugins.nope': module "
-                                                 r"'pipeline.plugins' has no attribute 'nope'$"):
-        load_object("pipeline.plugins.nope", ALLOWED)
+    with pytest.raises(PluginImportError, match=r"^plugin: cannot import 'pipeline.config.plugins.nope': module "
+                                                 r"'pipeline.config.plugins' has no attribute 'nope'$"):
+        load_object("pipeline.config.plugins.nope", ALLOWED)
     with pytest.raises(ConfigError, match=r"^plugin: expected a dotted path 'pkg.mod.name', got 'nodots'$"):
         load_object("nodots", ALLOWED)
     # a nested path (pkg.mod.Class.attr) names the place too when what it resolves to is refused
-    with pytest.raises(TargetNotAllowedError, match=r"^eval \('pipeline.atomic.os.path.join' resolves to "):
-        load_object("pipeline.atomic.os.path.join", ALLOWED, "eval")
+    with pytest.raises(TargetNotAllowedError, match=r"^eval \('pipeline.process.atomic.os.path.join' resolves to "):
+        load_object("pipeline.process.atomic.os.path.join", ALLOWED, "eval")
 
 
 def test_a_path_that_resolves_inside_the_allowlist_elsewhere_loads():
-    # pipeline.stages.train_data imports Sample from pipeline.sample: another allowed module
-    from pipeline.sample import Sample
+    # pipeline.stages.train_data imports Sample from pipeline.samples.sample: another allowed module
+    from pipeline.samples.sample import Sample
 
     assert load_object("pipeline.stages.train_data.Sample", ALLOWED) is Sample
     assert load_object("pipeline.stages.train_data.Sample.Status", ALLOWED) is Sample.Status  # nested: one level up
@@ -92,9 +92,9 @@ def test_check_tree_finds_targets_at_any_depth_and_names_them():
     tree = {"engine": {"kw": [{"ok": 1}, {"_target_": "os.system"}]}}
     with pytest.raises(TargetNotAllowedError, match=r"^engine.kw\[1\]: target 'os.system' is not allowed"):
         _check_tree(tree, ALLOWED, "")
-    with pytest.raises(TargetNotAllowedError, match=r"^root.a \('pipeline.atomic.os' resolves to 'os'\)"):
-        _check_tree({"a": {"_target_": "pipeline.atomic.os"}}, ALLOWED, "root")
-    _check_tree({"a": {"_target_": "pipeline.plugins.load_object", "b": [1, {"c": 2}]}}, ALLOWED, "")
+    with pytest.raises(TargetNotAllowedError, match=r"^root.a \('pipeline.process.atomic.os' resolves to 'os'\)"):
+        _check_tree({"a": {"_target_": "pipeline.process.atomic.os"}}, ALLOWED, "root")
+    _check_tree({"a": {"_target_": "pipeline.config.plugins.load_object", "b": [1, {"c": 2}]}}, ALLOWED, "")
 
 
 def test_allowed_targets_adds_the_extra_prefixes():

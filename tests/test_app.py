@@ -1,4 +1,4 @@
-"""pipeline.app.run in-process on composed configs: sinks lifecycle, failures, resume errors."""
+"""pipeline.run.app.run in-process on composed configs: sinks lifecycle, failures, resume errors."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from pipeline.app import run
-from pipeline.config import ConfigError
+from pipeline.run.app import run
+from pipeline.config.args import ConfigError
 from pipeline.sinks.jsonl import MetricsJsonl, read_metrics
 from tests.plugins import fakes
 
@@ -96,7 +96,7 @@ def test_a_run_killed_between_checkpoint_and_metrics_line_gets_the_line_back_on_
     assert (run_dir / "checkpoints" / f"rollout_{killed_at}.json").exists()
     metrics = run_dir / "metrics.jsonl"
     assert (not metrics.exists()) if killed_at == 0 else [r["step"] for r in read_metrics(metrics)] == [0]
-    caplog.set_level("WARNING", logger="pipeline.runner")
+    caplog.set_level("WARNING", logger="pipeline.loop.runner")
     run(_cfg(tmp_path, "num_rollout=3", f"resume={run_dir}"))
     rows = read_metrics(metrics)
     assert [r["step"] for r in rows] == [0, 1, 2]

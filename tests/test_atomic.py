@@ -1,4 +1,4 @@
-"""Atomic writes (pipeline/atomic.py): the old file or the new one, never half of one, no temp left."""
+"""Atomic writes (pipeline/process/atomic.py): the old file or the new one, never half of one, no temp left."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import atomic
-from pipeline.atomic import atomic_write_bytes, atomic_write_text
+from pipeline.process import atomic
+from pipeline.process.atomic import atomic_write_bytes, atomic_write_text
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -72,7 +72,7 @@ def test_an_interrupt_also_cleans_up(tmp_path, monkeypatch):
 
 
 def test_atomic_dir_replaces_a_folder_only_when_complete(tmp_path):
-    from pipeline.atomic import atomic_dir
+    from pipeline.process.atomic import atomic_dir
 
     target = tmp_path / "state"
     with atomic_dir(target) as tmp:

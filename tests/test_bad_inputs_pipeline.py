@@ -1,4 +1,4 @@
-"""Bad inputs across config, data, plugins and checkpoints, through the app (`pipeline.app.run`
+"""Bad inputs across config, data, plugins and checkpoints, through the app (`pipeline.run.app.run`
 on a composed config) or the CLI (`python run.py ...`). Each case is a row of the table in docs/reliability.md
 "Bad inputs and the errors they give" (the cross-layer one): the test checks that the message
 quoted there is part of the real one, and that every case has its row.
@@ -23,8 +23,8 @@ from unittest.mock import patch
 import pytest
 from hydra import compose, initialize_config_dir
 
-from pipeline.app import run
-from pipeline.sample import Sample
+from pipeline.run.app import run
+from pipeline.samples.sample import Sample
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"

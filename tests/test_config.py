@@ -1,4 +1,4 @@
-"""pipeline.config: build (allowlist, runtime injection, import errors), SlimeArgs, validate."""
+"""pipeline.config.args: build (allowlist, runtime injection, import errors), SlimeArgs, validate."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 from omegaconf import OmegaConf
 
-from pipeline.config import ConfigError, SlimeArgs, to_plain
-from pipeline.plugins import PluginImportError, TargetNotAllowedError, build, load_object
+from pipeline.config.args import ConfigError, SlimeArgs, to_plain
+from pipeline.config.plugins import PluginImportError, TargetNotAllowedError, build, load_object
 
 ALLOWED = ("pipeline.", "builtins.dict", "tests.", "functools.partial", __name__ + ".")
 

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from pipeline.parts import build_parts
+from pipeline.loop.parts import build_parts
 from pipeline.engines.scripted import ByteTokenizer
-from pipeline.config import ConfigError, SlimeArgs, to_plain, validate
-from pipeline.plugins import TargetNotAllowedError, allowed_targets, build
-from pipeline.sample import Sample
+from pipeline.config.args import ConfigError, SlimeArgs, to_plain, validate
+from pipeline.config.plugins import TargetNotAllowedError, allowed_targets, build
+from pipeline.samples.sample import Sample
 from pipeline.sinks.files import write_samples
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -62,6 +62,8 @@ def option_overrides(group: str, option: str, d: Path) -> list[str]:
         ("eval", "function"): ["eval.path=tests.plugins.slime_plugins.generate_rollout", "eval_interval=1"] + plugins,
         ("eval", "engine"): ["eval_interval=1", f"eval.datasets.0.prompt_data={d}/eval.jsonl"],
         ("experiment", "learn"): [f"eval.datasets.0.prompt_data={d}/eval.jsonl"],
+        ("experiment", "tools"): [f"eval.datasets.0.prompt_data={d}/eval.jsonl"],
+        ("experiment", "tools_direct"): [f"eval.datasets.0.prompt_data={d}/eval.jsonl"],
         ("experiment", "sft"): [f"data_source.prompt_data={d}/chat.jsonl"],
         ("filter", "reward_topk"): ["data_source=buffered"],
         ("filter", "oldest_first"): ["data_source=buffered"],

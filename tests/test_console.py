@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.logging_setup import NOISY_LOGGERS, ConsoleFilter, RunProgress, configure_console
+from pipeline.process.logging_setup import NOISY_LOGGERS, ConsoleFilter, RunProgress, configure_console
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -22,7 +22,7 @@ def record(name: str, level: int) -> logging.LogRecord:
 def test_console_filter_keeps_progress_and_warnings_only():
     f = ConsoleFilter()
     assert f.filter(record("pipeline.progress", logging.INFO))
-    assert f.filter(record("httpx", logging.WARNING)) and f.filter(record("pipeline.app", logging.ERROR))
+    assert f.filter(record("httpx", logging.WARNING)) and f.filter(record("pipeline.run.app", logging.ERROR))
     assert not f.filter(record("pipeline.rollout.train_run", logging.INFO))
     assert not f.filter(record("ray", logging.INFO))
 

@@ -14,11 +14,15 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from pipeline import app, malloc, openmp
+from pipeline.run import app
+
+from pipeline.process import malloc
+
+from pipeline.process import openmp
 from pipeline.cluster import devices
 from pipeline.cluster.devices import (DeviceError, engine_gpu_index, gpus_for_trainer, process_cpu_idle,
                                       process_tuning_note)
-from pipeline.openmp import ENV_KEYS, configure_openmp_wait
+from pipeline.process.openmp import ENV_KEYS, configure_openmp_wait
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
@@ -162,9 +166,9 @@ def test_a_run_with_the_hf_engine_on_cuda_logs_both_tunings_off(tmp_path: Path, 
     for module in (app, preflight):
         monkeypatch.setattr(module, "visible_gpus", lambda: 1)
     monkeypatch.setattr(devices, "cuda_device_count", lambda: 1)  # the engine is built, not started
-    caplog.set_level(logging.INFO, logger="pipeline.app")
+    caplog.set_level(logging.INFO, logger="pipeline.run.app")
     app.run(_compose(tmp_path, "engine.device=cuda"))
-    said = [r.getMessage() for r in caplog.records if r.name == "pipeline.app"]
+    said = [r.getMessage() for r in caplog.records if r.name == "pipeline.run.app"]
     why = "nothing in this process computes on the CPU: the hf engine runs on cuda and no trainer computes in it"
     assert f"omp_spin_count: off ({why}; it tunes CPU compute only)" in said
     assert f"keep_freed_memory: off ({why}; it tunes CPU compute only)" in said

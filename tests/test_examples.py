@@ -19,7 +19,7 @@ sys.path.insert(0, str(ROOT))  # examples/ is a folder of the repo, not an insta
 from examples.buffer_filter import ShortestFirst, newest_first  # noqa: E402
 from examples.dynamic_filter import DropTooEasy, drop_all_wrong  # noqa: E402
 from examples.reward import BrevityReward, brevity_math, final_answer  # noqa: E402
-from pipeline.sample import Sample  # noqa: E402
+from pipeline.samples.sample import Sample  # noqa: E402
 
 SMALL = ["experiment=smoke", "allowed_targets_extra=[examples.]", "num_rollout=3"]
 NATIVE = "hydra.searchpath=[file://examples/conf]"

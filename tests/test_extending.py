@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.plugins import SLOTS
+from pipeline.config.plugins import SLOTS
 from pipeline.sinks.files import read_samples
 from pipeline.sinks.jsonl import read_metrics
 

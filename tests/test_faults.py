@@ -2,7 +2,7 @@
 with a clear error naming the URL / file / plugin after keeping what can be kept.
 
 HTTP faults run the openai engine and the remote reward against `tests.engines.fake_server`;
-pipeline faults run `pipeline.app.run` with `engine=scripted` on tiny sizes. A replica killed
+pipeline faults run `pipeline.run.app.run` with `engine=scripted` on tiny sizes. A replica killed
 mid-rollout is covered by `tests/engines/test_ray_engine.py::test_killed_replica_loses_nothing_and_is_restarted`
 (real model + Ray), kill -9 of the whole run by `tests/resume/`.
 """
@@ -23,12 +23,12 @@ from typing import Any
 import pytest
 from hydra import compose, initialize_config_dir
 
-from pipeline.app import run
+from pipeline.run.app import run
 from pipeline.data.checkpoint import read_checkpoint
 from pipeline.engines.base import GenerationRequest, SamplingParams
 from pipeline.engines.openai import OpenAIEngine
 from pipeline.rewards.remote import RemoteReward
-from pipeline.sample import Sample
+from pipeline.samples.sample import Sample
 from tests.engines.fake_server import FakeServer, serve
 from tests.test_bad_inputs_pipeline import CONF, _overrides
 

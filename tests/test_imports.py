@@ -9,16 +9,22 @@ The rule (issue #11):
    and the importing module does not. Anything else belongs at the top of the file.
 Importing a package's submodule runs the package's `__init__` first; that implicit edge is not
 counted (a package `__init__` re-exporting its submodules is the usual layout).
+3. The folders show the architecture (issue #32): modules live in subpackages (at most two beside
+   `pipeline/__init__.py`); no module imports from the package root `pipeline` (the top floor,
+   which re-exports the public names), and none names a module path from before the layout
+   (`pipeline.MOVED`, served only as deprecated aliases for users).
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1] / "pipeline"
+PROJECT = Path(__file__).resolve().parents[1]
+ROOT = PROJECT / "pipeline"
 # third-party modules slow enough to import that the package defers them where it can
 HEAVY = {"torch", "transformers", "ray", "safetensors", "pyarrow", "wandb", "datasets", "math_verify",
          "matplotlib", "sglang", "openai", "httpx", "aiohttp"}
@@ -114,7 +120,7 @@ def _cycle(edges: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_graph_is_read_from_the_source():
     edges = _edges(top_only=False)
-    assert "pipeline.plugins" in edges["pipeline.config_rules"]  # a real edge is seen
+    assert "pipeline.config.plugins" in edges["pipeline.config.rules"]  # a real edge is seen
     assert len(MODULES) > 50
 
 
@@ -125,10 +131,10 @@ def test_no_import_cycle_even_counting_imports_inside_functions():
 
 def test_the_plugin_module_is_the_ground_floor():
     # beside it only slime's stand-in types, which import the package's types by name when a
-    # plugin asks for them (pipeline/slime_compat.py)
+    # plugin asks for them (pipeline/slime/stand_ins.py)
     edges = _edges(top_only=False)
-    assert edges["pipeline.plugins"] == {"pipeline.slime_compat"}
-    assert edges["pipeline.slime_compat"] == set()
+    assert edges["pipeline.config.plugins"] == {"pipeline.slime.stand_ins"}
+    assert edges["pipeline.slime.stand_ins"] == set()
 
 
 def test_function_level_pipeline_imports_only_defer_heavy_modules():
@@ -146,11 +152,46 @@ def test_function_level_pipeline_imports_only_defer_heavy_modules():
 
 
 @pytest.mark.parametrize("source, expected", [
-    ("def f():\n    from pipeline.atomic import atomic_write_text\n", True),
-    ("from pipeline.atomic import atomic_write_text\n", False),
+    ("def f():\n    from pipeline.process.atomic import atomic_write_text\n", True),
+    ("from pipeline.process.atomic import atomic_write_text\n", False),
 ])
 def test_the_check_tells_a_function_level_import(source, expected, tmp_path, monkeypatch):
     path = tmp_path / "probe.py"
     path.write_text(source)
     monkeypatch.setitem(MODULES, "pipeline.probe", path)
     assert any(not top for _, _, top in _imports("pipeline.probe")) is expected
+
+
+def test_modules_live_in_subpackages():
+    top = sorted(p.name for p in ROOT.glob("*.py") if p.name != "__init__.py")
+    assert len(top) <= 2, f"top-level modules beside pipeline/__init__.py (at most two): {top}"
+
+
+def test_no_module_imports_from_the_package_root():
+    bad = [f"{MODULES[m].relative_to(ROOT.parent)}:{line}" for m in MODULES if m != "pipeline"
+           for name, line, _ in _imports(m) if name == "pipeline"]
+    assert not bad, "imports from the top floor `pipeline` (import from the defining module): " + ", ".join(bad)
+
+
+def _moved() -> dict[str, str]:
+    """pipeline.MOVED, read from the source (importing nothing)."""
+    tree = ast.parse((ROOT / "__init__.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", "") == "MOVED":
+            return ast.literal_eval(node.value)
+    raise AssertionError("pipeline/__init__.py defines no MOVED table")
+
+
+def test_nothing_in_the_project_names_a_moved_module_path():
+    moved = _moved()
+    assert "pipeline.sample" in moved and moved["pipeline.plugins"] == "pipeline.config.plugins"
+    pattern = re.compile(r"(?<![\w.])(" + "|".join(re.escape(old) for old in moved) + r")(?![\w])")
+    bad = []
+    for folder in ("pipeline", "conf", "scripts", "bench", "examples"):
+        for path in sorted((PROJECT / folder).rglob("*")):
+            if path.suffix not in {".py", ".yaml"} or path == ROOT / "__init__.py" or "__pycache__" in path.parts:
+                continue
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                if found := pattern.search(line):
+                    bad.append(f"{path.relative_to(PROJECT)}:{number}: {found.group(1)} -> {moved[found.group(1)]}")
+    assert not bad, "old module paths (deprecated aliases):\n" + "\n".join(bad)

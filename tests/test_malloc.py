@@ -1,4 +1,4 @@
-"""`keep_freed_memory` (pipeline/malloc.py): while a run runs, glibc keeps freed tensors' memory
+"""`keep_freed_memory` (pipeline/process/malloc.py): while a run runs, glibc keeps freed tensors' memory
 for reuse, so repeated large allocations stop faulting pages in; its defaults come back after;
 the environment wins; pre-flight checks the key."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import malloc
-from pipeline.malloc import ENV_KEYS, keep_freed_memory, keep_freed_memory_problem
+from pipeline.process import malloc
+from pipeline.process.malloc import ENV_KEYS, keep_freed_memory, keep_freed_memory_problem
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # from mmap again once its defaults are back)
 _CHILD = """
 import resource, sys, torch
-from pipeline.malloc import keep_freed_memory
+from pipeline.process.malloc import keep_freed_memory
 def faults():
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 def count(mb, warm, counted):
@@ -177,7 +177,7 @@ def test_the_real_mallopt_is_glibcs() -> None:
 # by a 64 KB one it keeps, frees the large ones and prints how much resident memory stayed
 _RELEASE_CHILD = """
 import sys, psutil, torch
-from pipeline.malloc import release_freed_memory
+from pipeline.process.malloc import release_freed_memory
 if sys.argv[1] == "release":
     print(release_freed_memory(), file=sys.stderr)
 x = torch.ones(4 * 2**20)  # 16 MB, freed at once

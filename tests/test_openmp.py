@@ -1,4 +1,4 @@
-"""`omp_spin_count` (pipeline/openmp.py): which environment the run sets before torch loads, and
+"""`omp_spin_count` (pipeline/process/openmp.py): which environment the run sets before torch loads, and
 that a thread gives its OpenMP workers back."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Callable
 import pytest
 import torch
 
-from pipeline import openmp
-from pipeline.openmp import ENV_KEYS, configure_openmp_wait, release_thread_workers
+from pipeline.process import openmp
+from pipeline.process.openmp import ENV_KEYS, configure_openmp_wait, release_thread_workers
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -168,7 +168,7 @@ def _counts_in_a_thread(*steps: tuple[str, Callable[[], object]]) -> dict[str, i
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux /proc")
 def test_a_thread_waiting_for_the_rollout_loop_gives_its_workers_back() -> None:
     """run_sync (how the main thread runs a rollout after training): the caller only waits, so its
-    OpenMP workers end and the engine's decode thread spins alone (pipeline/openmp.py)."""
+    OpenMP workers end and the engine's decode thread spins alone (pipeline/process/openmp.py)."""
     from pipeline.rollout.async_loop import get_loop, run_sync
 
     get_loop()  # the loop's own thread exists before counting
@@ -185,7 +185,7 @@ def test_a_thread_waiting_for_the_rollout_loop_gives_its_workers_back() -> None:
 def test_the_async_trainer_thread_gives_its_workers_back_after_each_job() -> None:
     from types import SimpleNamespace
 
-    from pipeline.runner_async import _train
+    from pipeline.loop.runner_async import _train
 
     x = torch.randn(512, 512)
 

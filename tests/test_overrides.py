@@ -1,4 +1,4 @@
-"""Override values on the command line (`pipeline.overrides`): any run dir name, quoted for Hydra
+"""Override values on the command line (`pipeline.run.overrides`): any run dir name, quoted for Hydra
 and the shell, reads back as itself."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
-from pipeline.overrides import command_arg, hydra_quoted, override_value, unique_dir_arg
+from pipeline.run.overrides import command_arg, hydra_quoted, override_value, unique_dir_arg
 
 ODD = ["runs/plain_dir-1.x", "/tmp/odd dir é", "/tmp/x'y", '/tmp/a"b', "/a/b'c\"d", "C:\\runs\\x", "/tmp/a\\",
        '/tmp/a\\"b\\', "/tmp/a,b=c[d]{e}(f)", "/tmp/\\\\x", "/x/\\\\'", "é", "日本語/ラン", "/tmp/tab\there"]
@@ -66,29 +66,29 @@ def compose_run(tmp_path):
     ("+data_source.sheuffle=false", "data_source.shuffle"), ("+rollout_shufle=true", "rollout_shuffle"),
 ])
 def test_a_plus_key_a_small_edit_away_from_a_known_key_is_warned(override, meant, compose_run, caplog) -> None:
-    from pipeline.config import validate
+    from pipeline.config.args import validate
 
     cfg = compose_run([override])
-    with caplog.at_level("WARNING", logger="pipeline.config"):
+    with caplog.at_level("WARNING", logger="pipeline.config.args"):
         validate(cfg, overrides=[override])
     hints = [r.getMessage() for r in caplog.records if "did you mean" in r.getMessage()]
     assert len(hints) == 1 and f"did you mean {meant}?" in hints[0] and override in hints[0], hints
 
 
 def test_plugin_keys_far_from_every_known_key_stay_quiet(compose_run, caplog) -> None:
-    from pipeline.config import validate
+    from pipeline.config.args import validate
 
     quiet = ["+my_plugin_knob=3", "+loss_mask_type=qwen", "+sglang_speculative_algorithm=EAGLE", "+num_layers=2",
              "+moe_router_topk=2", "+rollout_shuffle=true", "+prompt_data=data/x.jsonl", "+rm_url=http://x",
              "+slime_args.custom_flag=1", "+reward.my_weight=0.5"]
     cfg = compose_run(quiet)
-    with caplog.at_level("WARNING", logger="pipeline.config"):
+    with caplog.at_level("WARNING", logger="pipeline.config.args"):
         validate(cfg, overrides=quiet)
     assert not [r.getMessage() for r in caplog.records if "did you mean" in r.getMessage()]
 
 
 def test_edit_distance_counts_a_swap_as_one() -> None:
-    from pipeline.overrides import edit_distance
+    from pipeline.run.overrides import edit_distance
 
     assert edit_distance("n_sample_per_prompt", "n_samples_per_prompt") == 1
     assert edit_distance("eval_itnerval", "eval_interval") == 1 and edit_distance("", "abc") == 3
@@ -104,7 +104,7 @@ CFG = {"n_samples_per_prompt": 2, "seed": 1, "lr_x": 0, "eval_interval": 5, "rol
 
 def added(overrides: list[str], extra=("rollout_shuffle",)) -> list[str]:
     """`added_key_typos` on CFG with the added keys put in, as Hydra composes them."""
-    from pipeline.overrides import added_key_typos
+    from pipeline.run.overrides import added_key_typos
 
     import copy
 
@@ -158,7 +158,7 @@ def test_added_key_typos_leaves_other_overrides_alone() -> None:
     assert added(["rollout_top_k=3"]) == []  # a change of a known key, one edit from another, is no typo
     assert added(["+trainer.opt.betta=0.8"])[0].startswith("+trainer.opt.betta=0.8 adds a key this config does not have; "
                                                          "did you mean trainer.opt.beta? (trainer.opt.beta stays 0.9;")
-    from pipeline.overrides import added_key_typos
+    from pipeline.run.overrides import added_key_typos
 
     with_typo = {**CFG, "n_sample_per_prompt": 4}
     assert len(added_key_typos(["+seeds=x", "+n_sample_per_prompt=4"], with_typo)) == 1  # +seeds: not in the
@@ -177,7 +177,7 @@ def test_command_line_overrides_are_the_hydra_job_s_and_empty_outside_one(tmp_pa
     from hydra import compose, initialize_config_dir
     from hydra.core.hydra_config import HydraConfig
 
-    from pipeline.overrides import command_line_overrides
+    from pipeline.run.overrides import command_line_overrides
 
     assert command_line_overrides() == []
     task = ["+n_sample_per_prompt=4", f"paths.output_dir={tmp_path}"]

@@ -1,4 +1,4 @@
-"""`auto` precision (pipeline/precision.py): bfloat16 only where this CPU runs it fast, for the
+"""`auto` precision (pipeline/process/precision.py): bfloat16 only where this CPU runs it fast, for the
 hf engine's `dtype` and the trainer's `bf16`."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from pipeline import precision
+from pipeline.process import precision
 from pipeline.engines.hf import HFEngine
 from pipeline.train.policy_gradient import PolicyGradientTrainer
 from tests.train.trainer_fixtures import tiny_llama, yaml_keys

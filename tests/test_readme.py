@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config_docs import OUTPUTS, PAGE, describe, page_block, render
+from pipeline.config.docs import OUTPUTS, PAGE, describe, page_block, render
 
 ROOT = Path(__file__).resolve().parents[1]
 README_TEXT = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -137,9 +137,9 @@ def test_the_readme_tour_is_the_getting_started_tour():
 def test_config_groups_doc_matches_conf():
     text = render()
     for rel in OUTPUTS:
-        assert (ROOT / rel).read_text(encoding="utf-8") == text, f"{rel} is stale: run `python -m pipeline.config_docs`"
+        assert (ROOT / rel).read_text(encoding="utf-8") == text, f"{rel} is stale: run `python -m pipeline.config.docs`"
     page = (ROOT / PAGE).read_text(encoding="utf-8")
-    assert page_block(page) == text, f"{PAGE}'s config-groups table is stale: run `python -m pipeline.config_docs`"
+    assert page_block(page) == text, f"{PAGE}'s config-groups table is stale: run `python -m pipeline.config.docs`"
     for group in (ROOT / "conf").iterdir():
         if group.is_dir() and group.name != "hydra":
             for option in group.glob("*.yaml"):

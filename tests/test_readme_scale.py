@@ -13,7 +13,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from pipeline.cluster import devices
-from pipeline.config import ConfigError, validate
+from pipeline.config.args import ConfigError, validate
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

@@ -11,7 +11,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from pipeline.config import _DATA_MIRRORS, _REWARD_MIRRORS, SlimeArgs, to_plain
+from pipeline.config.args import _DATA_MIRRORS, _REWARD_MIRRORS, SlimeArgs, to_plain
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -80,9 +80,9 @@ def test_the_command_for_slime_s_own_async_rm_works_as_written(tmp_path):
     source, not committed)."""
     import shlex
 
-    from pipeline.config import to_plain_lenient
-    from pipeline.config_rules import collect_problems
-    from pipeline.slime_compat import SLIME_PIP_PACKAGES
+    from pipeline.config.args import to_plain_lenient
+    from pipeline.config.rules import collect_problems
+    from pipeline.slime.stand_ins import SLIME_PIP_PACKAGES
 
     text = SECTION.group(1)
     assert f"pip install {' '.join(SLIME_PIP_PACKAGES)}" in text

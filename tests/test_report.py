@@ -47,7 +47,8 @@ def test_run_report_plots_and_table(tmp_path):
     png = run / "report" / "run.png"
     assert png.read_bytes()[:8] == PNG and png.stat().st_size > 20_000
     md = result["markdown"].read_text()
-    assert "| rollout_id | reward | pass rate | response len | groups dropped | buffer | time (s) |" in md
+    assert ("| rollout_id | reward | pass rate | response len | groups dropped | buffer (constant) "
+            "| time (s) (constant) |") in md
     assert table_rows(md, "2") == [["2", "0.75", "0.375", "12", "2", "2", "0.5"]]
     assert json.loads(result["json"].read_text())["rows"][1]["rollout/raw_reward"] == 0.5
     assert not [p for p in (run / "report").iterdir() if p.name.startswith(".")], "temp files left behind"
@@ -77,8 +78,8 @@ def test_eval_keys_give_an_eval_panel_per_set_and_table_columns(tmp_path):
     assert labels["eval/gsm-truncated_ratio"] == "eval gsm" and labels["rollout/truncated_ratio"] == "train"
     md = result["markdown"].read_text()
     header = next(line for line in md.splitlines() if line.startswith("| rollout_id"))
-    assert header.endswith("| truncated | response len | groups dropped | buffer | time (s) | eval aime-2024 pass@1 "
-                           "| eval gsm pass@1 | eval/judge_score |")
+    assert header.endswith("| truncated (constant) | response len | groups dropped | buffer (constant) "
+                           "| time (s) (constant) | eval aime-2024 pass@1 | eval gsm pass@1 | eval/judge_score |")
     assert table_rows(md, "1")[0][-3:] == ["0.05", "0.4", "7.5"]
     assert table_rows(md, "2")[0][-3:] == ["–", "–", "–"], "no eval at rollout 2"
     assert table_rows(md, "2")[0][3] == "0.25"
@@ -93,7 +94,7 @@ def test_custom_metrics_chosen_by_glob(tmp_path):
     assert panels[-2:] == ["rollout/my_kl", "rollout/my_loss"], "matches sorted, strings skipped"
     assert "rollout/other" not in panels and "perf/tokens_per_sec" not in panels
     header = next(line for line in result["markdown"].read_text().splitlines() if line.startswith("| rollout_id"))
-    assert header.endswith("| rollout/my_kl | rollout/my_loss |")
+    assert header.endswith("| rollout/my_kl (constant) | rollout/my_loss (constant) |")
     # default: throughput (and eval/* keys outside eval sets); a key already in a panel is not repeated
     default = write_report(run, tmp_path / "default")
     panels = [p["title"] for p in json.loads(default["json"].read_text())["panels"]]
@@ -106,7 +107,7 @@ def test_custom_metrics_chosen_by_glob(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "pipeline.report", str(run), "--metrics", "rollout/my_l*",
                            "--out", str(tmp_path / "cli")], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert "| rollout/my_loss |" in (tmp_path / "cli" / "report.md").read_text()
+    assert "| rollout/my_loss (constant) |" in (tmp_path / "cli" / "report.md").read_text()
     proc = subprocess.run([sys.executable, "-m", "pipeline.report", str(run), "--metrics", "nope"], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--metrics 'nope' matches no numeric key" in proc.stderr
@@ -236,7 +237,7 @@ def test_all_zero_drops_and_buffer_are_tabulated_not_plotted(tmp_path):
     assert "Reward" in data["plotted"]
     md = result["markdown"].read_text()
     assert "Not plotted (0 in every rollout; in the tables): Dynamic-filter drops, Buffer size." in md
-    assert "| groups dropped | buffer |" in md
+    assert "| groups dropped (constant) | buffer (constant) |" in md
     write_run(tmp_path / "drops", [0.5, 0.25])
     assert "Dynamic-filter drops" in json.loads(write_report(tmp_path / "drops")["json"].read_text())["plotted"]
 
@@ -284,7 +285,8 @@ def test_bad_metrics_line_names_file_and_line(tmp_path):
 def _columns_match_metrics(run: Path, md: str, n_samples_per_prompt: int) -> list[dict]:
     """Each table row agrees with metrics.jsonl: reward, pass rate, truncated, zero-std, eval pass@1."""
     header = next(line for line in md.splitlines() if line.startswith("| rollout_id"))
-    cols = [c.strip() for c in header.strip("|").split("|")]
+    # a column whose series never changes is marked " (constant)" (pipeline/report/shape.py)
+    cols = [c.strip().removesuffix(" (constant)") for c in header.strip("|").split("|")]
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     for m in metrics:
         [row] = table_rows(md, f"{m['step']} ")
@@ -341,3 +343,86 @@ def test_report_of_a_real_model_sweep(tmp_path):
                for j in ("0", "1")]
     assert band["mean"] == pytest.approx([statistics.fmean(v) for v in zip(*per_job)])
     assert band["std"] == pytest.approx([statistics.stdev(v) for v in zip(*per_job)])
+
+
+def _drawn_figure(monkeypatch) -> list:
+    """Keep the figure plot_curves draws (it closes it after saving) to read its axes."""
+    import pipeline.report.plots as plots
+
+    kept: list = []
+    monkeypatch.setattr(plots.plt, "close", kept.append)
+    return kept
+
+
+def test_train_and_eval_metrics_are_panels_by_default(tmp_path):
+    run = tmp_path / "run"
+    write_run(run, [0.25, 0.5, 0.75], extra={"train/lr": 1e-6, "rollout/my_thing": 2.0})
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for i, row in enumerate(rows):
+        row.update({"train/loss": 0.5 - 0.1 * i, "train/grad_norm": 1.0 + i, "eval/judge": 3.0 + i})
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    titles = [p["title"] for p in json.loads(write_report(run)["json"].read_text())["panels"]]
+    assert {"train/grad_norm", "train/loss", "train/lr", "eval/judge"} <= set(titles), titles
+    assert "rollout/my_thing" not in titles, "other keys still need --metrics"
+    chosen = [p["title"] for p in json.loads(write_report(run, tmp_path / "c", metrics=["train/l*"])["json"]
+                                             .read_text())["panels"]]
+    assert "train/loss" in chosen and "train/grad_norm" not in chosen and "eval/judge" not in chosen
+
+
+def test_identical_panels_are_drawn_once_with_both_names(tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    # 0/1 rewards: the mean reward is the pass rate, step by step
+    write_run(run, [0.25, 0.5, 0.75], pass_rate=False, extra={"train/lr": 2.0})
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for row in rows:
+        row["rollout/pass_rate"] = row["rollout/raw_reward"]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    kept = _drawn_figure(monkeypatch)
+    result = write_report(run)
+    data = json.loads(result["json"].read_text())
+    assert "Reward = Pass rate (train)" in data["plotted"]
+    assert "Reward" not in data["plotted"] and "Pass rate (train)" not in data["plotted"]
+    assert "Buffer size" in data["plotted"] and "train/lr" in data["plotted"], "constants (2.0 both) stay apart"
+    assert [a.get_title() for a in kept[0].axes if a.get_visible()][0] == "Reward = Pass rate (train)"
+    md = result["markdown"].read_text()
+    assert "Drawn once (the same values in every rollout; both in the tables): Reward = Pass rate (train)." in md
+    assert "| rollout_id | reward | pass rate |" in md, "the tables keep both columns"
+    # same names, different values (pass rate = reward / 2 as write_run writes it): two panels
+    write_run(tmp_path / "partial", [0.25, 0.5, 0.75])
+    plotted = json.loads(write_report(tmp_path / "partial")["json"].read_text())["plotted"]
+    assert "Reward" in plotted and "Pass rate (train)" in plotted
+
+
+def test_constant_series_are_drawn_flat_and_tabled_as_constant(tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    write_run(run, [0.25, 0.5, 0.75], extra={"train/lr": 1e-6, "train/zero": 0.0})
+    kept = _drawn_figure(monkeypatch)
+    result = write_report(run)
+    axes = {a.get_title(): a for a in kept[0].axes if a.get_visible()}
+    # buffer 2.0 and rollout time 0.5 throughout: value ± 10 %, not ± 0.02
+    assert axes["Buffer size"].get_ylim() == pytest.approx((1.8, 2.2))
+    assert axes["Rollout time"].get_ylim() == pytest.approx((0.45, 0.55))
+    assert axes["train/lr"].get_ylim() == pytest.approx((0.9e-6, 1.1e-6))
+    assert axes["train/zero"].get_ylim() == pytest.approx((-1.0, 1.0))
+    lo, hi = axes["Reward"].get_ylim()
+    assert lo < 0.25 and hi > 0.75 and hi - lo < 1, "a varying series is autoscaled as before"
+    data = json.loads(result["json"].read_text())
+    assert data["constant"] == {"Buffer size": 2.0, "Rollout time": 0.5, "train/lr": 1e-6, "train/zero": 0.0}
+    header = next(line for line in result["markdown"].read_text().splitlines() if line.startswith("| rollout_id"))
+    assert "| reward | pass rate |" in header and "| buffer (constant) | time (s) (constant) |" in header
+    assert header.endswith("| train/lr (constant) | train/zero (constant) |")
+
+
+def test_constant_means_the_same_value_up_to_rounding():
+    from pipeline.report.load import RunData
+    from pipeline.report.shape import constant_value, flat_ylim
+
+    def run(values: list[float | None]) -> RunData:
+        return RunData(Path("."), "r", rows=[{"step": i, "k": v} for i, v in enumerate(values)])
+
+    assert constant_value([run([3.0, 3.0 + 1e-9, 3.0])], ["k"]) == pytest.approx(3.0)
+    assert constant_value([run([3.0, 3.01])], ["k"]) is None
+    assert constant_value([run([0.0, 1e-12])], ["k"]) is None, "around 0 only exact equality"
+    assert constant_value([run([5.0])], ["k"]) is None, "one point is not a series"
+    assert constant_value([run([1.0, None, 1.0]), run([1.0, 2.0])], ["k"]) is None, "every run of a sweep"
+    assert flat_ylim(0.0, fraction=True) == (-0.1, 0.1) and flat_ylim(-4.0, fraction=False) == (-4.4, -3.6)

@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.atomic import atomic_write_text
+from pipeline.process.atomic import atomic_write_text
 from pipeline.data.checkpoint import read_checkpoint, write_checkpoint
-from pipeline.overrides import hydra_quoted
-from pipeline.plugins import ConfigError
-from pipeline.run_lock import LOCK_FILE
-from pipeline.run_record import CHANGES_FILE, RECORD_FILE
-from pipeline.session import interrupt_hint, prepare_argv, resume_target_problem
+from pipeline.run.overrides import hydra_quoted
+from pipeline.config.plugins import ConfigError
+from pipeline.run.run_lock import LOCK_FILE
+from pipeline.run.run_record import CHANGES_FILE, RECORD_FILE
+from pipeline.run.session import interrupt_hint, prepare_argv, resume_target_problem
 from pipeline.sinks.jsonl import read_metrics
 
 from tests.sinks import wandb_records  # noqa: E402
@@ -448,7 +448,7 @@ def test_resume_into_a_read_only_dir_through_the_cli(first_run, tmp_path):
 
 @pytest.mark.parametrize("umask", [0o022, 0o077])
 def test_written_files_honour_the_umask(tmp_path, umask):
-    from pipeline.sample import Sample
+    from pipeline.samples.sample import Sample
     from pipeline.sinks.files import write_samples, write_train_data
 
     old = os.umask(umask)

@@ -7,12 +7,12 @@ import logging
 
 import pytest
 
-from pipeline.plugins import ConfigError
-from pipeline.run_record import check_resume_config, upgrade_config, upgrade_overrides
+from pipeline.config.plugins import ConfigError
+from pipeline.run.run_record import check_resume_config, upgrade_config, upgrade_overrides
 
 
 def test_old_override_spellings_are_rewritten_with_a_warning(caplog):
-    with caplog.at_level(logging.WARNING, logger="pipeline.run_record"):
+    with caplog.at_level(logging.WARNING, logger="pipeline.run.run_record"):
         got = upgrade_overrides(["data_source.path=a.jsonl", "+eval.datasets.1.path=e.jsonl", "rollout.path=m.f",
                                  "dynamic_filter.over_sampling_factor=4", "~data_source.path", "eval.datasets.x.path=y"])
     assert got == ["data_source.prompt_data=a.jsonl", "eval.datasets.1.prompt_data=e.jsonl", "rollout.path=m.f",
@@ -51,7 +51,7 @@ def test_a_resume_from_another_shell_with_another_cache_folder_is_the_same_exper
 
 
 def overrides_of(stored: list[str], new: list[str], groups=("engine", "trainer", "experiment", "hydra/launcher")):
-    from pipeline.run_record import SessionOverrides
+    from pipeline.run.run_record import SessionOverrides
 
     return SessionOverrides(stored=stored, command=[*stored, *new, "resume=/r"], groups=frozenset(groups))
 
@@ -61,7 +61,7 @@ STORED = {"resume_safe_keys": ["num_rollout"], "allow_config_change": False, "nu
 
 
 def test_keys_the_project_added_or_whose_default_it_changed_are_upgrades_not_refusals(tmp_path):
-    from pipeline.run_record import project_upgrades
+    from pipeline.run.run_record import project_upgrades
 
     current = {**STORED, "num_rollout": 3, "resume_safe_keys": ["num_rollout", "trainer.num_workers"],
                "trainer": {"lr": 1e-6, "seed": 0, "num_workers": 1}, "rollout_temperature": 0.9}
@@ -90,7 +90,7 @@ def test_the_users_own_changes_are_still_guarded(tmp_path):
 
 
 def test_the_safe_keys_are_the_stored_list_merged_with_the_projects_unless_the_command_sets_them(tmp_path):
-    from pipeline.run_record import resume_safe_list
+    from pipeline.run.run_record import resume_safe_list
 
     current = {**STORED, "resume_safe_keys": ["num_rollout", "rollout_temperature"], "rollout_temperature": 0.5}
     merged = overrides_of([], ["rollout_temperature=0.5"])

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import pytest
 
 import pipeline
-from pipeline.runner import Pipeline, Schedule
-from pipeline.sample import Sample
+from pipeline.loop.runner import Pipeline, Schedule
+from pipeline.samples.sample import Sample
 from pipeline.sinks.files import read_samples
 from pipeline.sinks.jsonl import MetricsJsonl, read_metrics
 from pipeline.stages import STAGES, StageParts

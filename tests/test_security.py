@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 from hydra import compose, initialize_config_dir
 
-from pipeline.config import ConfigError, validate
-from pipeline.plugins import TargetNotAllowedError, build, load_object
-from pipeline.sample import Sample
+from pipeline.config.args import ConfigError, validate
+from pipeline.config.plugins import TargetNotAllowedError, build, load_object
+from pipeline.samples.sample import Sample
 from pipeline.sinks.redact import REDACTED, is_secret_key, redact, redact_hydra_dir, redact_text
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -159,15 +159,15 @@ def test_pickle_payloads_are_refused_on_every_load_path(tmp_path):
     {"_target_": "builtins.eval", "_args_": ["__import__('os').system('touch {s}')"]},
     {"_target_": "builtins.exec", "_args_": ["import os; os.system('touch {s}')"]},
     {"_target_": "builtins.__import__", "_args_": ["os"]},
-    # an allowed-looking path through a module attribute: pipeline.app imports os
-    {"_target_": "pipeline.app.os.system", "_args_": ["touch {s}"]},
-    {"_target_": "pipeline.plugins.importlib.import_module", "_args_": ["os"]},
+    # an allowed-looking path through a module attribute: pipeline.run.app imports os
+    {"_target_": "pipeline.run.app.os.system", "_args_": ["touch {s}"]},
+    {"_target_": "pipeline.config.plugins.importlib.import_module", "_args_": ["os"]},
     # nested, in a keyword and in _args_
     {"_target_": "builtins.dict", "x": {"_target_": "os.system", "_args_": ["touch {s}"]}},
     {"_target_": "builtins.list", "_args_": [[{"_target_": "posix.system", "_args_": ["touch {s}"]}]]},
     # via path: (a function reference)
     {"path": "os.system"},
-    {"path": "pipeline.app.os.system"},
+    {"path": "pipeline.run.app.os.system"},
 ], ids=lambda n: json.dumps(n)[:60])
 def test_allowlist_refuses_code_execution_targets(node, tmp_path):
     sentinel = tmp_path / "pwned"
@@ -186,7 +186,7 @@ def test_allowlist_is_on_by_default_and_still_builds_pipeline_parts():
     assert build({"_target_": "builtins.dict", "a": 1}, allowed=DEFAULT_ALLOWED) == {"a": 1}
     assert callable(build({"path": "pipeline.data.buffer_filters.pop_first"}, allowed=DEFAULT_ALLOWED, where="filter"))
     with pytest.raises(TargetNotAllowedError, match="'posix.system'"):
-        load_object("pipeline.app.os.system", DEFAULT_ALLOWED, "x")
+        load_object("pipeline.run.app.os.system", DEFAULT_ALLOWED, "x")
 
 
 @pytest.mark.timeout(60)
@@ -206,7 +206,7 @@ def test_validate_refuses_disallowed_targets_before_anything_is_imported(overrid
 
 @pytest.mark.timeout(30)
 def test_reward_function_named_by_a_sample_goes_through_the_allowlist(tmp_path):
-    from pipeline.config import SlimeArgs
+    from pipeline.config.args import SlimeArgs
     from pipeline.rewards.dispatch import RewardDispatcher
 
     sample = Sample(index=0, prompt="p", response=f"touch {tmp_path}/pwned", label="1")
@@ -283,7 +283,7 @@ def _server() -> tuple[http.server.ThreadingHTTPServer, str]:
 
 @pytest.mark.timeout(30)
 def test_remote_reward_url_comes_only_from_config():
-    from pipeline.config import SlimeArgs
+    from pipeline.config.args import SlimeArgs
     from pipeline.rewards.dispatch import RewardDispatcher
 
     configured, configured_url = _server()

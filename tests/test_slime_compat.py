@@ -1,6 +1,6 @@
 """A plugin file written for slime imports slime's types (`from slime.utils.types import Sample`,
 `from slime.rollout.filter_hub.base_types import DynamicFilterOutput`); without slime installed
-those imports are served by pipeline/slime_compat.py, and an installed slime always wins."""
+those imports are served by pipeline/slime/stand_ins.py, and an installed slime always wins."""
 
 from __future__ import annotations
 
@@ -43,9 +43,9 @@ def python(code: str, *paths: Path) -> subprocess.CompletedProcess:
 
 def test_slimes_type_modules_stand_in_and_nothing_else_does():
     proc = python('''
-        from pipeline import slime_compat
-        assert not slime_compat.installed()
-        assert slime_compat.install() and slime_compat.install() and slime_compat.installed()
+        from pipeline.slime import stand_ins
+        assert not stand_ins.installed()
+        assert stand_ins.install() and stand_ins.install() and stand_ins.installed()
         import pipeline
         from slime.utils.types import Sample
         from slime.rollout.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput
@@ -62,7 +62,7 @@ def test_slimes_type_modules_stand_in_and_nothing_else_does():
     ''')
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "REFUSED No module named 'slime.rollout.rm_hub': slime is not installed here" in proc.stdout
-    assert "slime.utils.types" in proc.stdout and "pipeline/slime_compat.py" in proc.stdout
+    assert "slime.utils.types" in proc.stdout and "pipeline/slime/stand_ins.py" in proc.stdout
 
 
 def test_an_installed_slime_wins(tmp_path):
@@ -72,8 +72,8 @@ def test_an_installed_slime_wins(tmp_path):
     (real / "__init__.py").write_text("")
     (real / "types.py").write_text("class Sample:\n    REAL = True\n")
     proc = python('''
-        from pipeline import slime_compat
-        assert not slime_compat.install() and not slime_compat.installed()
+        from pipeline.slime import stand_ins
+        assert not stand_ins.install() and not stand_ins.installed()
         from slime.utils.types import Sample
         assert Sample.REAL
         try:
@@ -115,7 +115,7 @@ def test_a_missing_slime_module_says_what_to_put_on_the_path_and_install():
     """Without slime's source on the path, a `slime.` plugin beyond the type modules fails naming what
     running slime's own plugins takes (docs/slime.md, Porting from slime)."""
     proc = python('''
-        from pipeline.plugins import PluginImportError, load_object
+        from pipeline.config.plugins import PluginImportError, load_object
         try:
             load_object("slime.rollout.rm_hub.async_rm", ("pipeline.", "slime."), "reward function (custom_rm_path)")
         except PluginImportError as exc:
@@ -141,7 +141,7 @@ def test_a_missing_dependency_of_slime_s_source_is_named_with_the_line_that_impo
     (hub / "math_utils.py").write_text("import re\nfrom no_such_latex_package_xyz import latex2text\n\n\n"
                                        "def grade(response, label):\n    return 1\n")
     proc = python('''
-        from pipeline.plugins import PluginImportError, load_object
+        from pipeline.config.plugins import PluginImportError, load_object
         try:
             load_object("slime.rollout.rm_hub.async_rm", ("slime.",), "reward function (custom_rm_path)")
         except PluginImportError as exc:

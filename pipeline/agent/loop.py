@@ -33,12 +33,12 @@ from pipeline.agent.config import AgentConfig
 from pipeline.agent.formats import ToolCall, make_format
 from pipeline.agent.stats import AgentStats
 from pipeline.agent.tools import ToolOutcome, ToolRegistry, load_tools
-from pipeline.plugins import allowed_targets
+from pipeline.config.plugins import allowed_targets
 from pipeline.rollout.sample_generate import (
     continuation_seed, encode_prompt, engine_turn, is_finished, to_engine_params,
 )
-from pipeline.sample import Sample
-from pipeline.sample_versions import mask_older_than_newest
+from pipeline.samples.sample import Sample
+from pipeline.samples.versions import mask_older_than_newest
 
 __all__ = ["AgentLoop", "AgentRun"]
 

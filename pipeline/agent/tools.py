@@ -1,7 +1,7 @@
 """Tools for the agent loop: Python callables by dotted path, with a JSON schema from their signature.
 
 A tool is a function (sync or async) or a class whose instances are callable; `load_tools` loads
-each dotted path through the run's plugin allowlist (`pipeline.plugins.load_object`, the slot row
+each dotted path through the run's plugin allowlist (`pipeline.config.plugins.load_object`, the slot row
 `agent_tool`) and builds a class once with its `tool_args` entry as keyword arguments. The tool's
 name is the function's name (a class: its `name` attribute), its description the docstring's first
 paragraph, its parameters the signature's (types from the annotations, descriptions from a
@@ -26,7 +26,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from pipeline.plugins import SLOTS_BY_NAME, load_object
+from pipeline.config.plugins import SLOTS_BY_NAME, load_object
 
 __all__ = ["Tool", "ToolError", "ToolOutcome", "ToolRegistry", "check_arguments", "load_tools", "tool_from"]
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from pipeline.plugins import Needs
-from pipeline.sample_versions import group_staleness, serving_version
+from pipeline.config.plugins import Needs
+from pipeline.samples.versions import group_staleness, serving_version
 
 __all__ = ["pop_first", "reward_topk", "OldestFirst", "oldest_first", "group_mean_reward", "NEEDS_BUFFER",
            "left_in_buffer", "REMOVE_HINT"]
@@ -79,7 +79,7 @@ class OldestFirst:
     """Oldest `metadata["start_rollout_id"]` first; groups staler than `max_staleness` weight
     versions are dropped.
 
-    A group is stale when the weight version the engine serves now (`pipeline.sample_versions.
+    A group is stale when the weight version the engine serves now (`pipeline.samples.versions.
     serving_version()`, published by the rollout) minus the oldest version among its tokens
     exceeds `max_staleness`; with weights that never change nothing is stale. Dropped groups
     are counted in `dropped` (checkpointed with the data source). Groups that never started

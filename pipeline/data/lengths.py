@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.atomic import make_temp
+from pipeline.process.atomic import make_temp
 from pipeline.data.errors import DataError
 from pipeline.data.token_count import PretokenCounter
 

@@ -26,8 +26,8 @@ import numpy as np
 from pipeline.data.column_codec import (decode_array, decode_column, encode_array, encode_column, json_default, pack_b64,
                                         pack_raw)
 from pipeline.data.errors import CheckpointError
-from pipeline.sample import Sample
-from pipeline.sample_meta import coerce_status
+from pipeline.samples.sample import Sample
+from pipeline.samples.meta import coerce_status
 
 __all__ = ["encode_groups", "decode_groups", "gc_paused", "json_default"]
 

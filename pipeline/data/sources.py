@@ -29,9 +29,9 @@ from pipeline.data.lengths import ArrayCache
 from pipeline.data.order import EpochOrder
 from pipeline.data.persistence import CheckpointMixin
 from pipeline.data.sample_codec import json_default
-from pipeline.data.slime_compat import import_path, kwargs_from_args, tokenizer_from_args
+from pipeline.slime.args import import_path, kwargs_from_args, tokenizer_from_args
 from pipeline.rollout.contracts import is_sample_like
-from pipeline.sample import Sample
+from pipeline.samples.sample import Sample
 
 __all__ = ["PlainDataSource", "BufferedDataSource", "prompt_groups"]
 
@@ -128,7 +128,7 @@ class PlainDataSource(CheckpointMixin):
 
     buffer_only_ok = False  # the plain source needs a prompt file
 
-    # capabilities the pre-flight check reads (`pipeline.plugins`): no buffer of groups
+    # capabilities the pre-flight check reads (`pipeline.config.plugins`): no buffer of groups
     plugin_provides: frozenset[str] = frozenset()
 
     def __init__(

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pipeline.atomic import atomic_dir
+from pipeline.process.atomic import atomic_dir
 
 __all__ = [
     "BUNDLED_MODELS",

@@ -32,7 +32,7 @@ the matmuls, and the sampling, on fused C kernels (`native_kernels`,
 `pipeline.engines.native_kernels`) where the CPU has AVX-512 and a C compiler is found. Both
 prefill with the transformers forward. `dtype` bfloat16 roughly doubles throughput at batch >= 8
 on AVX-512 BF16 CPUs and is many times slower on CPUs without bfloat16 kernels; "auto" (the default) picks it only where it
-is fast (`pipeline.precision`). float32 is the exact reference (greedy outputs of both paths
+is fast (`pipeline.process.precision`). float32 is the exact reference (greedy outputs of both paths
 agree on the bundled eval prompts).
 
 Devices (`device`, `colocate`; `pipeline.engines.hf_device`): on CUDA the model, the decode state
@@ -60,8 +60,8 @@ from pipeline.engines.hf_device import cpu_only, engine_device, engine_dtype
 from pipeline.engines.hf_lean import LeanDecoder, native_problem, supports
 from pipeline.engines.hf_static import StaticDecodeBatch
 from pipeline.engines.weight_sync import copy_into_model, versions_per_token
-from pipeline.openmp import release_thread_workers
-from pipeline.precision import AUTO
+from pipeline.process.openmp import release_thread_workers
+from pipeline.process.precision import AUTO
 
 __all__ = ["HFEngine", "DECODE_IMPLS", "DTYPES"]
 
@@ -69,7 +69,7 @@ __all__ = ["HFEngine", "DECODE_IMPLS", "DTYPES"]
 # the original DynamicCache path (hf_decode.DecodeBatch), kept for comparison and other models
 DECODE_IMPLS = frozenset({"static", "legacy"})
 # "auto": on CUDA bfloat16; on the CPU bfloat16 where it has fast bfloat16 kernels, else float32
-# (pipeline.precision)
+# (pipeline.process.precision)
 DTYPES = frozenset({"float32", "bfloat16", "float16", AUTO})
 
 logger = logging.getLogger(__name__)
@@ -180,7 +180,7 @@ class HFEngine:
                         self._attach_native_kernels(self._decoder)
                 else:
                     logger.warning("hf engine: %s; using decode_impl=legacy", reason)
-            release_thread_workers()  # this thread's OpenMP workers (pipeline.openmp): loading is done
+            release_thread_workers()  # this thread's OpenMP workers (pipeline.process.openmp): loading is done
             self._thread = threading.Thread(target=self._loop, name="hf-engine-decode", daemon=True)
             self._thread.start()
             logger.info("hf engine ready: %s, %s%s, %s decode%s, %d threads, max batch %d", path, self.dtype,
@@ -369,7 +369,7 @@ class HFEngine:
                 if self._closed:
                     return None
                 # idle: give back this thread's OpenMP workers, so a trainer (or any other thread
-                # working meanwhile) spin-waits between its ops alone (pipeline.openmp)
+                # working meanwhile) spin-waits between its ops alone (pipeline.process.openmp)
                 release_thread_workers()
                 self._cv.wait()
                 if self._pending and self.batch_wait_s > 0:

@@ -6,7 +6,7 @@
   `cuda:{n-1}`, of its own otherwise (`pipeline.cluster.devices.engine_gpu_index`). Inside a Ray
   replica, Ray's CUDA_VISIBLE_DEVICES shows one GPU: `cuda:0` either way.
 - `engine_dtype`: `dtype: auto` on CUDA is bfloat16 (GPUs run it natively); on the CPU it is
-  `pipeline.precision`'s choice, which is about this CPU's kernels.
+  `pipeline.process.precision`'s choice, which is about this CPU's kernels.
 - `cpu_only`: the CPU-only speed-ups (`packed_matmuls`, oneDNN's blocked weights;
   `native_kernels`, the AVX-512 C kernels) stay as configured on the CPU and switch themselves off
   on CUDA with one log line each (`pipeline.cluster.devices.cpu_tuning_note`).
@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 
 from pipeline.cluster import devices
-from pipeline.precision import AUTO, resolve_dtype
+from pipeline.process.precision import AUTO, resolve_dtype
 
 __all__ = ["cpu_only", "engine_device", "engine_dtype"]
 
@@ -38,7 +38,7 @@ def engine_device(choice: object, colocate: bool, gpus: int | None = None) -> st
 
 def engine_dtype(dtype: str, device: str) -> str:
     """The dtype name the engine loads its model in: `auto` is bfloat16 on a GPU and
-    `pipeline.precision.resolve_dtype`'s CPU choice on the CPU; any other name unchanged."""
+    `pipeline.process.precision.resolve_dtype`'s CPU choice on the CPU; any other name unchanged."""
     if dtype == AUTO and device != "cpu":
         return "bfloat16"
     return resolve_dtype(dtype)

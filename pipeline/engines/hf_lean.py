@@ -48,7 +48,7 @@ from typing import Any, Callable
 import torch
 
 from pipeline.engines.native_kernels import NativeKernels
-from pipeline.precision import fast_bfloat16
+from pipeline.process.precision import fast_bfloat16
 
 __all__ = ["LeanDecoder", "native_problem", "packable_dtype", "packed_matmuls_available", "supports"]
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from pipeline.cluster.devices import DEVICES, HF_ENGINE, DeviceError, resolve_device, visible_gpus
 from pipeline.engines.base import follow_trainer_problem
-from pipeline.plugins import allowed_targets, load_object
+from pipeline.config.plugins import allowed_targets, load_object
 
 __all__ = ["engine_device_problems", "trainer_engine_problems", "has_trainer", "trainer_uses_lora"]
 

@@ -14,7 +14,7 @@ with finish "abort" (a request still in transit when the abort landed), while `H
 finishes the rows it is running with their partial output. Requests still queued on the driver
 (waiting for a ready replica, or for a resubmission) see the bumped epoch and return "abort".
 Replica actors get `OMP_WAIT_POLICY=PASSIVE` through their runtime env (the driver's own value
-wins), and the driver's `GOMP_SPINCOUNT` when it has one (`omp_spin_count`, `pipeline/openmp.py`;
+wins), and the driver's `GOMP_SPINCOUNT` when it has one (`omp_spin_count`, `pipeline/process/openmp.py`;
 libgomp puts it before the policy).
 
 Weight sync: `update_weights` puts the state dict in Ray's object store once (`ray.put`) and
@@ -49,7 +49,7 @@ logger = logging.getLogger(__name__)
 
 # environment variables every replica actor gets (unless the driver's environment sets them):
 # OpenMP threads sleep instead of spinning between torch ops, which on shared cores otherwise
-# steal the CPU from the other replicas (pipeline/openmp.py)
+# steal the CPU from the other replicas (pipeline/process/openmp.py)
 _REPLICA_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
 # passed on only when the driver has it: the spin-wait `omp_spin_count` set for this run
 _REPLICA_ENV_FROM_DRIVER = ("GOMP_SPINCOUNT",)

@@ -28,7 +28,7 @@ from pipeline.engines.assets import resolve_checkpoint
 from pipeline.engines.base import FinishReason, GenerationRequest, GenerationResult
 from pipeline.engines.http_util import LoopLocal, with_retries
 from pipeline.engines.weight_sync import save_hf_folder
-from pipeline.sample_versions import as_version
+from pipeline.samples.versions import as_version
 
 __all__ = ["SGLangEngine"]
 

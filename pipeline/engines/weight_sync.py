@@ -21,7 +21,7 @@ from typing import Any, Mapping
 
 import torch
 
-from pipeline.atomic import follow_umask, prune_numbered_dirs
+from pipeline.process.atomic import follow_umask, prune_numbered_dirs
 from pipeline.engines.base import check_update
 
 __all__ = ["as_arrays", "as_tensors", "copy_into_model", "versions_per_token", "save_hf_folder", "CONFIG_FILES"]

@@ -8,11 +8,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from pipeline.atomic import atomic_write_bytes
+from pipeline.process.atomic import atomic_write_bytes
 from pipeline.report.curves import OFFSET, run_curves, sweep_curves
 from pipeline.report.load import NoMetricsError, RunData, find_runs
 from pipeline.report.panels import Panel, all_zero, select_panels
 from pipeline.report.plots import plot_curves
+from pipeline.report.shape import constant_value, merge_identical
 from pipeline.report.tables import group_runs, run_table, seed_keys, swept_keys, sweep_tables
 
 __all__ = ["write_report"]
@@ -30,22 +31,39 @@ def _short(key: str) -> str:
     return key.rsplit(".", 1)[-1]
 
 
-def _plotted(runs: list[RunData], panels: Panels) -> tuple[Panels, list[str]]:
-    """The panels to draw, and the titles of those left out because they are 0 throughout."""
+def _plotted(runs: list[RunData], panels: Panels) -> tuple[Panels, list[str], list[str]]:
+    """The panels to draw (identical ones merged: `shape.merge_identical`), the titles of those
+    left out because they are 0 throughout, and the merged titles."""
     hidden = [p.title for p, keys in panels if p.hide_if_zero and all_zero(runs, keys)]
-    return [(p, keys) for p, keys in panels if p.title not in hidden], hidden
+    plotted, merged = merge_identical(runs, [(p, keys) for p, keys in panels if p.title not in hidden])
+    return plotted, hidden, merged
 
 
-def _hidden_line(hidden: list[str]) -> list[str]:
-    return [f"Not plotted (0 in every rollout; in the tables): {', '.join(hidden)}.", ""] if hidden else []
+def _flat(runs: list[RunData], plotted: Panels) -> dict[int, float]:
+    """Plotted panel index -> the value of a panel that is constant throughout (drawn flat)."""
+    values = {i: constant_value(runs, keys) for i, (_, keys) in enumerate(plotted)}
+    return {i: v for i, v in values.items() if v is not None}
+
+
+def _constant_keys(runs: list[RunData], panels: Panels) -> set[str]:
+    """Table column keys (a panel's first key) whose value never changes: marked "(constant)"."""
+    return {keys[0] for _, keys in panels if keys and constant_value(runs, keys[:1]) is not None}
+
+
+def _notice_lines(hidden: list[str], merged: list[str]) -> list[str]:
+    lines = [f"Not plotted (0 in every rollout; in the tables): {', '.join(hidden)}."] if hidden else []
+    if merged:
+        lines.append(f"Drawn once (the same values in every rollout; both in the tables): {', '.join(merged)}.")
+    return lines + [""] if lines else []
 
 
 def _run_report(run: RunData, panels: Panels, plotted: Panels, out: Path,
                 title: str) -> tuple[list[str], dict[str, Any], Path]:
     curves = run_curves(run, plotted)
-    plot = plot_curves(plotted, curves, out / "run.png", title=f"{title}: metrics over rollout_id")
+    plot = plot_curves(plotted, curves, out / "run.png", title=f"{title}: metrics over rollout_id",
+                       flat=_flat([run], plotted))
     lines = [f"# Report: {title}", "", f"{len(run.rows)} rollouts from `{run.path / 'metrics.jsonl'}`.", "",
-             f"![metrics over rollout_id]({plot.name})", ""] + run_table(run, panels)
+             f"![metrics over rollout_id]({plot.name})", ""] + run_table(run, panels, _constant_keys([run], panels))
     return lines, {"rows": run.rows}, plot
 
 
@@ -69,8 +87,8 @@ def _sweep_report(runs: list[RunData], panels: Panels, plotted: Panels, out: Pat
     spread = OFFSET * (len(groups) - 1) / 2
     shift = f"; curves shifted by up to ±{spread:.2g} rollout_id so equal ones stay visible" if spread else ""
     plot = plot_curves(plotted, curves, out / "sweep.png", groups=[g for g, _ in groups],
-                       title=f"{title}: {len(runs)} jobs\n{how}{shift}")
-    table, data = sweep_tables(runs, panels, over)
+                       title=f"{title}: {len(runs)} jobs\n{how}{shift}", flat=_flat(runs, plotted))
+    table, data = sweep_tables(runs, panels, over, _constant_keys(runs, panels))
     lines = [f"# Report: {title}", "", f"{len(runs)} jobs; swept: {', '.join(swept) or 'nothing'}.", "",
              f"![metrics over rollout_id: mean ± std over {', '.join(over) or 'jobs'}]({plot.name})", ""] + table
     data["bands"] = [{"group": c.label, "key": c.key, "panel": plotted[c.panel][0].title, "jobs": c.members,
@@ -94,16 +112,17 @@ def write_report(path: str | Path, out_dir: str | Path | None = None, over: list
     panels = select_panels(runs, metrics)
     out = Path(out_dir) if out_dir is not None else path / "report"
     title = title or f"{kind} {path.resolve().name}"
-    plotted, hidden = _plotted(runs, panels)
+    plotted, hidden, merged = _plotted(runs, panels)
     if kind == "run":
         lines, data, plot = _run_report(runs[0], panels, plotted, out, title)
     else:
         lines, data, plot = _sweep_report(runs, panels, plotted, out, title, over)
     # under the plot: both kinds start with title, summary and image (6 lines)
-    lines[6:6] = _hidden_line(hidden)
+    lines[6:6] = _notice_lines(hidden, merged)
     data["kind"] = kind
     data["panels"] = [{"title": p.title, "keys": keys} for p, keys in panels]
     data["plotted"] = [p.title for p, _ in plotted]
+    data["constant"] = {plotted[i][0].title: v for i, v in _flat(runs, plotted).items()}
     md = out / "report.md"
     _write_text(md, "\n".join(lines) + "\n")
     js = out / "report.json"

@@ -10,9 +10,9 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from pipeline.plugins import ConfigError
+from pipeline.config.plugins import ConfigError
 from pipeline.report.derived import add_zero_std_fractions
-from pipeline.run_record import read_record, run_overrides
+from pipeline.run.run_record import read_record, run_overrides
 from pipeline.sinks.jsonl import read_metrics
 
 __all__ = ["NoMetricsError", "RunData", "find_runs", "load_run", "pass_rate_from_samples"]

@@ -19,9 +19,10 @@ from pipeline.report.load import RunData
 __all__ = ["DEFAULT_METRICS", "PANELS", "Panel", "UnknownMetricError", "all_zero", "eval_sets", "numeric_keys",
            "panel_keys", "select_panels"]
 
-# custom metrics shown when no --metrics pattern is given: throughput, and an eval function's own
-# eval/... metrics that are not part of an eval set's panel
-DEFAULT_METRICS: tuple[str, ...] = ("perf/tokens_per_sec", "eval/*")
+# custom metrics shown when no --metrics pattern is given: throughput, the trainer's train/...
+# metrics (a run with trainer=policy_gradient: loss, grad_norm, lr, ...) and an eval function's
+# own eval/... metrics that are not part of an eval set's panel
+DEFAULT_METRICS: tuple[str, ...] = ("perf/tokens_per_sec", "train/*", "eval/*")
 
 # most custom-metric panels in one report (more would make the plot unreadable)
 MAX_CUSTOM_PANELS = 24

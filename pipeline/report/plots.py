@@ -12,9 +12,10 @@ import matplotlib.pyplot as plt  # noqa: E402  (the backend is chosen first)
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from pipeline.atomic import atomic_write_bytes  # noqa: E402
+from pipeline.process.atomic import atomic_write_bytes  # noqa: E402
 from pipeline.report.curves import MARKERS, Curve, band_limits  # noqa: E402
 from pipeline.report.panels import Panel  # noqa: E402
+from pipeline.report.shape import flat_ylim  # noqa: E402
 
 __all__ = ["plot_curves"]
 
@@ -38,12 +39,14 @@ def _key_legend(ax: plt.Axes, panel: Panel, keys: list[str], curves: list[Curve]
 
 
 def plot_curves(panels: list[tuple[Panel, list[str]]], curves: list[Curve], path: Path, title: str,
-                groups: list[str] | None = None) -> Path:
+                groups: list[str] | None = None, flat: dict[int, float] | None = None) -> Path:
     """Draw `curves` into a grid of `panels`, one PNG at `path` (atomically); returns it.
 
     `groups` (a sweep) names the colour/marker of each group in a figure legend; without it
-    (one run) panels with several keys get their own legend.
+    (one run) panels with several keys get their own legend. `flat`: panel index -> the value
+    of a constant panel, drawn flat in `shape.flat_ylim` instead of autoscaled.
     """
+    flat = flat or {}
     if not panels:
         raise ValueError(f"{title}: no plotted metric is in metrics.jsonl")
     ncols = 3 if len(panels) > 4 else 2
@@ -69,6 +72,9 @@ def plot_curves(panels: list[tuple[Panel, list[str]]], curves: list[Curve], path
         ax.set_ylabel(panel.ylabel, fontsize=8.5)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
+        if pi in flat:
+            ax.set_ylim(*flat_ylim(flat[pi], panel.fraction))
+            ax.text(0.02, 0.04, "constant", transform=ax.transAxes, fontsize=8, color="0.4")
         if len(keys) > 1 and mine:
             _key_legend(ax, panel, keys, mine, sweep=groups is not None)
     for ax in list(axes.flat)[len(panels):]:

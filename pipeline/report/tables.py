@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+from collections.abc import Collection
 from typing import Any
 
 from pipeline.report.load import RunData
@@ -20,9 +21,10 @@ def _mean(values: list[float | None]) -> float | None:
     return statistics.fmean(vals) if vals else None
 
 
-def _columns(panels: list[tuple[Panel, list[str]]]) -> list[tuple[str, str]]:
-    """(column name, metric key) for the first present key of each panel."""
-    return [(panel.column, keys[0]) for panel, keys in panels if keys]
+def _columns(panels: list[tuple[Panel, list[str]]], constant: Collection[str] = ()) -> list[tuple[str, str]]:
+    """(column name, metric key) for the first present key of each panel; the name of a key in
+    `constant` (the same value throughout) ends in " (constant)"."""
+    return [(panel.column + (" (constant)" if keys[0] in constant else ""), keys[0]) for panel, keys in panels if keys]
 
 
 def notes(panels: list[tuple[Panel, list[str]]]) -> list[str]:
@@ -35,9 +37,10 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
 
 
-def run_table(run: RunData, panels: list[tuple[Panel, list[str]]]) -> list[str]:
-    """One row per rollout_id with the panel quantities ("–" where a step lacks one, e.g. eval)."""
-    cols = _columns(panels)
+def run_table(run: RunData, panels: list[tuple[Panel, list[str]]], constant: Collection[str] = ()) -> list[str]:
+    """One row per rollout_id with the panel quantities ("–" where a step lacks one, e.g. eval);
+    the columns of the keys in `constant` are marked "(constant)"."""
+    cols = _columns(panels, constant)
     rows = [[str(step)] + [_fmt(run.series(key)[i]) for _, key in cols] for i, step in enumerate(run.steps())]
     return _table(["rollout_id"] + [c for c, _ in cols], rows) + notes(panels)
 
@@ -73,17 +76,18 @@ def _spread(values: list[float | None]) -> str:
 
 
 def sweep_tables(runs: list[RunData], panels: list[tuple[Panel, list[str]]],
-                 over: list[str] | None = None) -> tuple[list[str], dict[str, Any]]:
+                 over: list[str] | None = None, constant: Collection[str] = ()) -> tuple[list[str], dict[str, Any]]:
     """Markdown lines (a per-group table, then a per-job table) and their data as a dict.
 
     Each job is summarised by the mean over the rollouts that logged a quantity (eval: its eval
     points); a group (same values of the swept keys not in `over`, default: the swept seed keys)
-    shows mean ± sample std over its jobs.
+    shows mean ± sample std over its jobs. Columns of the keys in `constant` (the same value in
+    every rollout of every job) are marked "(constant)".
     """
     swept = swept_keys(runs)
     over = seed_keys(swept) if over is None else over
     by = [k for k in swept if k not in over]
-    cols = _columns(panels)
+    cols = _columns(panels, constant)
     per_job = {run.name: {c: _mean(run.series(key)) for c, key in cols} for run in runs}
     lines = [f"Each job: mean over the rollouts that logged a column (eval: its eval points). "
              f"Grouped by {', '.join(by) or '(nothing)'}; "

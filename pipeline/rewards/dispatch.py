@@ -24,8 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
-from pipeline import slime_compat
-from pipeline.plugins import SLOTS_BY_NAME, allowed_targets, check_call, load_object
+from pipeline.slime import stand_ins
+from pipeline.config.plugins import SLOTS_BY_NAME, allowed_targets, check_call, load_object
 from pipeline.rewards.ifbench import grade_ifbench
 from pipeline.rewards.labels import is_empty_label
 from pipeline.rewards.math import grade, last_boxed
@@ -117,10 +117,10 @@ class RewardDispatcher:
 
     async def _one_custom(self, args: Any, path: str, sample: Any, out: list[Any], i: int) -> None:
         fn = self._load(args, path)
-        theirs = slime_compat.to_slime_sample(sample)  # slime's own Sample where slime is importable
+        theirs = stand_ins.to_slime_sample(sample)  # slime's own Sample where slime is importable
         try:
             out[i] = await _maybe_await(fn(_args_for_custom(args), theirs))
-            slime_compat.from_slime_sample(theirs, theirs, sample)
+            stand_ins.from_slime_sample(theirs, theirs, sample)
         except Exception as exc:
             exc.add_note(f"raised by the reward function {path!r} (custom_rm_path) on sample "
                          f"{getattr(sample, 'index', '?')}")
@@ -129,11 +129,11 @@ class RewardDispatcher:
     async def _group_custom(self, args: Any, path: str, group: list[Any], out: list[Any],
                             idx: list[int]) -> None:
         fn = self._load(args, path)
-        theirs = [slime_compat.to_slime_sample(s) for s in group]
+        theirs = [stand_ins.to_slime_sample(s) for s in group]
         try:
             rewards = await _maybe_await(fn(_args_for_custom(args), theirs))
             for handed, sample in zip(theirs, group):
-                slime_compat.from_slime_sample(handed, handed, sample)
+                stand_ins.from_slime_sample(handed, handed, sample)
         except Exception as exc:
             exc.add_note(f"raised by the group reward function {path!r} (custom_rm_path)")
             raise

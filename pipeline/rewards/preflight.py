@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline.data.errors import DataError
-from pipeline.plugins import accepts, allowed_targets, load_object
+from pipeline.config.plugins import accepts, allowed_targets, load_object
 from pipeline.rewards.ifbench import ifbench_available, ifbench_missing_message
 from pipeline.rewards.labels import empty_labels_in_rows, needs_label
 from pipeline.rewards.rm_types import rm_type_problem, rm_types_in_rows, split_rm_type

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from pipeline.openmp import release_thread_workers
+from pipeline.process.openmp import release_thread_workers
 
 __all__ = ["run_sync", "get_loop"]
 
@@ -64,7 +64,7 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
         raise RuntimeError("run_sync called from the rollout loop itself; await the coroutine instead")
     future = asyncio.run_coroutine_threadsafe(coro, loop)
     # the caller only waits now: the OpenMP workers its torch work left (a trainer's, a weight
-    # sync's) would cut the engine's spin-wait for as long as the coroutine runs (pipeline.openmp)
+    # sync's) would cut the engine's spin-wait for as long as the coroutine runs (pipeline.process.openmp)
     release_thread_workers()
     try:
         return future.result()

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.sample import Sample
+from pipeline.samples.sample import Sample
 
 __all__ = [
     "RolloutFnTrainOutput",

@@ -1,6 +1,6 @@
 """The default rollout: asynchronous over-sampling against an `Engine` (docs/contracts.md §6).
 
-`EngineRollout` is built from `conf/rollout/engine.yaml` by `pipeline.config.build(cfg.rollout,
+`EngineRollout` is built from `conf/rollout/engine.yaml` by `pipeline.config.plugins.build(cfg.rollout,
 engine=..., reward=..., dynamic_filter=..., tokenizer=...)` and called like any slime rollout
 function: `rollout(args, rollout_id, data_source, evaluation=False)`. The call is synchronous;
 the work runs on the shared rollout loop (`pipeline.rollout.async_loop`). The over-sampling loop

@@ -30,8 +30,8 @@ from pipeline.rollout.sample_generate import (
     GenContext, bind, call_custom_generate, default_generate, is_finished, load_generate_fn, release,
     resolve_tokenizer, sampling_params_from_args,
 )
-from pipeline.sample import Sample
-from pipeline.sample_meta import coerce_status
+from pipeline.samples.sample import Sample
+from pipeline.samples.meta import coerce_status
 
 __all__ = ["EngineEval", "pass_at_k", "EVAL_DATASET_KEYS"]
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from pipeline.rollout.groups import flatten_group, response_tokens
 from pipeline.rollout.sample_generate import GenContext, is_finished, reset_sample
-from pipeline.sample import Sample
+from pipeline.samples.sample import Sample
 
 __all__ = ["Flight", "LeftoverGroups"]
 

@@ -18,7 +18,7 @@ class Progress:
     """tqdm bar on stderr: samples done, generated tokens/s and the buffer size.
 
     Shown only when stderr is a terminal: redirected to a file or pipe, a redrawn bar is
-    carriage-return junk (the per-rollout progress line of `pipeline.logging_setup` stays).
+    carriage-return junk (the per-rollout progress line of `pipeline.process.logging_setup` stays).
     """
 
     def __init__(self, total: int, desc: str, enabled: bool, buffer_size: Any = None) -> None:

@@ -21,14 +21,14 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline import slime_compat
+from pipeline.slime import stand_ins
 from pipeline.engines.assets import load_tokenizer, resolve_checkpoint
 from pipeline.engines.base import GenerationRequest, SamplingParams
-from pipeline.plugins import SLOTS_BY_NAME, allowed_targets, load_object, signature_of
+from pipeline.config.plugins import SLOTS_BY_NAME, allowed_targets, load_object, signature_of
 from pipeline.rollout.contracts import PluginOutputError, is_sample_like
-from pipeline.sample import Sample
-from pipeline.sample_meta import coerce_status
-from pipeline.sample_versions import RUNS_KEY, mask_older_than_newest
+from pipeline.samples.sample import Sample
+from pipeline.samples.meta import coerce_status
+from pipeline.samples.versions import RUNS_KEY, mask_older_than_newest
 
 __all__ = [
     "GenContext",
@@ -303,7 +303,7 @@ async def call_custom_generate(
     params = dict(sampling_params)
     kwargs = {"evaluation": evaluation} if _names_evaluation(fn) else {}
     # where slime is importable the function gets slime's own Sample, and ours comes back
-    theirs = slime_compat.to_slime_sample(sample)
+    theirs = stand_ins.to_slime_sample(sample)
     try:
         if _is_async(fn):
             out = await fn(args, theirs, params, **kwargs)
@@ -311,7 +311,7 @@ async def call_custom_generate(
             out = await asyncio.to_thread(fn, args, theirs, params, **kwargs)
             if inspect.isawaitable(out):
                 out = await out
-        out = slime_compat.from_slime_sample(out, theirs, sample)
+        out = stand_ins.from_slime_sample(out, theirs, sample)
     except Exception as exc:
         exc.add_note(f"raised by the custom generate {path!r} on sample {getattr(sample, 'index', '?')}")
         raise

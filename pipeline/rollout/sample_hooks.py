@@ -13,7 +13,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable
 
-from pipeline.plugins import accepted_keywords
+from pipeline.config.plugins import accepted_keywords
 from pipeline.rollout.contracts import PluginOutputError, is_sample_like
 
 __all__ = ["SampleHooks"]

@@ -12,7 +12,7 @@ import logging
 from typing import Any
 
 from pipeline.rollout.contracts import RolloutFnTrainOutput
-from pipeline.sample import Sample
+from pipeline.samples.sample import Sample
 
 __all__ = ["SftRollout", "tokens_and_loss_mask"]
 

@@ -12,7 +12,7 @@ rollout when the source is buffered (a completed group whose oldest token is mor
 A buffered source without partial_rollout lets the groups in flight finish instead (`finish_surplus`): the over-sampled rounds fill its buffer.
 
 Weight versions: the engine's `weight_version` is published to buffer filters while the rollout
-fetches (`pipeline.sample_versions.serving_version`), and `rollout/weight_staleness` (max over the
+fetches (`pipeline.samples.versions.serving_version`), and `rollout/weight_staleness` (max over the
 batch's response tokens of serving version minus the token's version) and
 `rollout/weight_staleness_mean` (mean over tokens) are logged.
 
@@ -44,8 +44,8 @@ from pipeline.rollout.sample_generate import (
     load_generate_fn, release, reset_sample, resolve_tokenizer, sample_seed, sampling_params_from_args,
     snapshot,
 )
-from pipeline.sample import Sample
-from pipeline.sample_versions import group_staleness, set_serving_version, staleness_metrics
+from pipeline.samples.sample import Sample
+from pipeline.samples.versions import group_staleness, set_serving_version, staleness_metrics
 
 __all__ = ["TrainRun"]
 

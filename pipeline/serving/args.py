@@ -4,7 +4,7 @@ A slime HTTP generate reads `args.sglang_router_ip` / `args.sglang_router_port` 
 POSTs to) and slime's client and `GenerateState` read `sglang_server_concurrency`,
 `rollout_num_gpus`, `rollout_num_gpus_per_engine` (slime's HTTP client is created only when
 they give at least one engine), `rollout_skip_special_tokens`, `sglang_dp_size` and
-`use_distributed_post`. `ServingArgs` answers those names for `pipeline.config.SlimeArgs` when
+`use_distributed_post`. `ServingArgs` answers those names for `pipeline.config.args.SlimeArgs` when
 the config has no key of that name (a `+name=value` or `slime_args:` entry wins):
 
 * engine=sglang: the router address is the engine's `base_url`; nothing is started.
@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from pipeline.plugins import target_of
+from pipeline.config.plugins import target_of
 
 __all__ = ["SERVED_ARGS", "ABSENT_MODE", "DEFAULT_CONCURRENCY", "SGLANG_TARGET", "ServingArgs", "custom_configured",
            "remote_address"]
@@ -125,7 +125,7 @@ class ServingArgs:
             if self._server is None:
                 if self._engine_provider is None:
                     raise AttributeError("args.sglang_router_ip: the SGLang-compatible endpoint starts with a run "
-                                         "(pipeline.app.run); this args view was built outside one")
+                                         "(pipeline.run.app.run); this args view was built outside one")
                 from pipeline.serving.server import SGLangServer  # aiohttp, only when the endpoint starts
 
                 self._server = SGLangServer(self._engine_provider)

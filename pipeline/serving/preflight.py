@@ -1,11 +1,11 @@
-"""Pre-flight checks of `engine.serve_http` (docs/serving.md), run by `pipeline.config.validate`."""
+"""Pre-flight checks of `engine.serve_http` (docs/serving.md), run by `pipeline.config.args.validate`."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from pipeline.plugins import target_of
+from pipeline.config.plugins import target_of
 from pipeline.serving.args import ABSENT_MODE, SGLANG_TARGET, custom_configured, remote_address
 
 __all__ = ["serving_problems", "serving_warnings"]

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from pipeline.atomic import atomic_write_text, file_mode, make_temp
-from pipeline.sample import Sample
+from pipeline.process.atomic import atomic_write_text, file_mode, make_temp
+from pipeline.samples.sample import Sample
 
 __all__ = ["load_train_data", "read_samples", "to_tensors", "write_samples", "write_train_data"]
 

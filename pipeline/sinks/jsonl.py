@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pipeline.atomic import atomic_write_text
+from pipeline.process.atomic import atomic_write_text
 
 __all__ = ["ConsoleSink", "MetricsJsonl", "clean_value", "read_metrics"]
 

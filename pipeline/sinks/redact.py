@@ -20,7 +20,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from pipeline.atomic import atomic_write_text
+from pipeline.process.atomic import atomic_write_text
 
 __all__ = ["REDACTED", "RedactHydraFiles", "is_secret_key", "redact", "redact_text"]
 

@@ -11,8 +11,8 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from pipeline.atomic import atomic_write_text
-from pipeline.run_record import run_overrides
+from pipeline.process.atomic import atomic_write_text
+from pipeline.run.run_record import run_overrides
 from pipeline.sinks.jsonl import read_metrics
 
 __all__ = ["SweepSummary", "summarize_sweep"]

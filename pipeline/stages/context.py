@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from pipeline.sample import Sample
+from pipeline.samples.sample import Sample
 
 __all__ = ["RolloutContext", "StageParts"]
 
@@ -46,7 +46,7 @@ class StageParts:
     rollout_fn: Callable[..., Any]
     # where train data and sample dumps go (None: nothing is written)
     run_dir: str | None = None
-    # every plugin built for the run, by slot name (`pipeline.plugins.SLOTS`): the hooks (slime's
+    # every plugin built for the run, by slot name (`pipeline.config.plugins.SLOTS`): the hooks (slime's
     # and your own; left out or None: the built-in behaviour runs), the filters, the engine, ...
     plugins: dict[str, Any] = field(default_factory=dict)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline.rollout.contracts import PluginOutputError, is_sample_like
-from pipeline.sample import Sample
+from pipeline.samples.sample import Sample
 from pipeline.stages.context import RolloutContext, StageParts
 
 __all__ = ["flatten_samples", "flatten_stage"]

@@ -11,7 +11,7 @@ import statistics
 from collections import Counter
 from typing import Any
 
-from pipeline.sample import Sample
+from pipeline.samples.sample import Sample
 from pipeline.stages.rewards import raw_reward_values
 from pipeline.stages.context import RolloutContext, StageParts
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from pipeline.estimators import ESTIMATORS, GROUP_MODES, LEAVE_ONE_OUT, MEAN_STD, MEAN_SUBTRACTING, PASS_THROUGH
+from pipeline.rewards.estimators import ESTIMATORS, GROUP_MODES, LEAVE_ONE_OUT, MEAN_STD, MEAN_SUBTRACTING, PASS_THROUGH
 from pipeline.stages.context import RolloutContext, StageParts
 
 __all__ = ["ESTIMATORS", "GROUP_MODES", "MEAN_SUBTRACTING", "post_process_rewards", "raw_reward_values",

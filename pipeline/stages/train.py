@@ -4,10 +4,12 @@ the new weights, the trainer's metrics join the rollout's.
 With `trainer=none` (no trainer part) the stage does nothing. The trainer's state is saved with
 each data-source checkpoint (`save_trainer`, before the data-source file, so a checkpoint on disk
 always has its trainer state) under `<run>/trainer/rollout_<id>/`, keeping the newest
-`TRAINER_STATES_KEPT`. A resume loads the state of the checkpoint it continues from and pushes
-those weights to the engine before the first rollout (`restore_trainer`). After the last
-rollout the policy is exported as a plain HF folder `<run>/policy/` (`export_policy`); a resume
-with no rollout left to run exports it when it is missing (the run was killed during the export).
+`trainer.keep_states` (`TRAINER_STATES_KEPT` for trainers without that key) and always the state
+of the newest data-source checkpoint (`pipeline.train.disk.prune_states`). A resume loads the
+state of the checkpoint it continues from and pushes those weights to the engine before the first
+rollout (`restore_trainer`). After the last rollout the policy is exported as a plain HF folder
+`<run>/policy/` (`export_policy`); a resume with no rollout left to run exports it when it is
+missing (the run was killed during the export).
 Folders half-written by a killed process (`atomic_dir` temp folders under `<run>/trainer/` and
 `<run>/.policy.*`) are removed by the next save or export.
 """
@@ -15,12 +17,12 @@ Folders half-written by a killed process (`atomic_dir` temp folders under `<run>
 from __future__ import annotations
 
 import logging
-import re
 from pathlib import Path
 from typing import Any
 
-from pipeline.atomic import prune_numbered_dirs, remove_stale_temp_dirs
+from pipeline.process.atomic import remove_stale_temp_dirs
 from pipeline.stages.context import RolloutContext, StageParts
+from pipeline.train.disk import prune_states
 from pipeline.train.sync import push_weights
 
 __all__ = ["TRAINER_STATES_KEPT", "export_policy", "policy_missing", "restore_trainer",
@@ -28,10 +30,10 @@ __all__ = ["TRAINER_STATES_KEPT", "export_policy", "policy_missing", "restore_tr
 
 logger = logging.getLogger(__name__)
 
-# trainer state folders kept (a fully fine-tuned SmolLM2-135M plus AdamW is ~1.6 GB): two, so
-# that when resume= skips a damaged newest checkpoint, the one before it still has its state
+# trainer state folders kept by a trainer without a keep_states attribute (trainer=policy_gradient
+# has trainer.keep_states, default 2): two, so that when resume= skips a damaged newest
+# checkpoint, the one before it still has its state
 TRAINER_STATES_KEPT = 2
-_NAME = re.compile(r"rollout_(-?\d+)")
 
 
 def train_stage(ctx: RolloutContext, parts: StageParts) -> None:
@@ -58,12 +60,16 @@ def trainer_state_dir(run_dir: str, rollout_id: int) -> Path:
 
 def save_trainer(trainer: Any, run_dir: str, rollout_id: int) -> None:
     """Write the trainer state of `rollout_id`, after removing the half-written ones of a killed
-    process; older states beyond the newest TRAINER_STATES_KEPT go."""
+    process; older states beyond the newest `trainer.keep_states` go, before the write (so at
+    most keep_states + 1 are on disk) and after it, but never the newest data-source
+    checkpoint's (`prune_states`)."""
     root = Path(run_dir) / "trainer"
     for stale in remove_stale_temp_dirs(root, "rollout_*"):
         logger.info("removed the half-written trainer state %s (left by a killed run)", stale)
+    keep = int(getattr(trainer, "keep_states", TRAINER_STATES_KEPT))
+    prune_states(run_dir, keep, writing=rollout_id)
     trainer.save(str(trainer_state_dir(run_dir, rollout_id)))
-    prune_numbered_dirs(root, _NAME, TRAINER_STATES_KEPT)
+    prune_states(run_dir, keep, writing=rollout_id)
 
 
 def restore_trainer(trainer: Any, engine: Any, run_dir: str, rollout_id: int) -> None:

@@ -21,8 +21,8 @@ import logging
 from collections import defaultdict
 from typing import Any
 
-from pipeline.plugins import positional_count
-from pipeline.sample import Sample
+from pipeline.config.plugins import positional_count
+from pipeline.samples.sample import Sample
 from pipeline.stages.context import RolloutContext, StageParts
 
 __all__ = ["convert_to_train_data", "fill_rollout_ids", "source_name", "train_data_stage"]

@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from pipeline.atomic import atomic_write_text
-from pipeline.plugins import allowed_targets, load_object
+from pipeline.process.atomic import atomic_write_text
+from pipeline.config.plugins import allowed_targets, load_object
 
 __all__ = ["FunctionTrainer"]
 

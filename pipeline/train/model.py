@@ -19,11 +19,11 @@ from typing import Any
 
 import torch
 
-from pipeline.atomic import atomic_dir
+from pipeline.process.atomic import atomic_dir
 from pipeline.engines.assets import resolve_checkpoint
 
 __all__ = ["load_policy", "merged_state_dict", "reference_context", "frozen_copy", "is_lora", "save_adapter",
-           "export_hf", "export_state", "wrap_lora"]
+           "export_hf", "export_state", "wrap_lora", "TOKENIZER_FILES"]
 
 logger = logging.getLogger(__name__)
 
@@ -129,7 +129,7 @@ def export_state(config: Any, state: dict[str, torch.Tensor], checkpoint_folder:
         plain.load_state_dict(state, assign=True)
         plain.tie_weights()
         plain.save_pretrained(str(tmp), safe_serialization=True)
-        for name in _TOKENIZER_FILES if checkpoint_folder is not None else ():
+        for name in TOKENIZER_FILES if checkpoint_folder is not None else ():
             src = Path(checkpoint_folder) / name
             if src.is_file():
                 shutil.copyfile(src, tmp / name)
@@ -137,5 +137,5 @@ def export_state(config: Any, state: dict[str, torch.Tensor], checkpoint_folder:
 
 
 # copied next to an exported policy so the folder is a complete model (weights + tokenizer)
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
-                    "merges.txt", "tokenizer.model", "generation_config.json", "chat_template.jinja")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+                   "merges.txt", "tokenizer.model", "generation_config.json", "chat_template.jinja")

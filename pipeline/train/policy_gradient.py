@@ -28,10 +28,10 @@ from typing import Any, Callable
 import torch
 
 from pipeline.cluster.devices import resolve_device
-from pipeline.config import SlimeArgs
+from pipeline.config.args import SlimeArgs
 from pipeline.engines.assets import resolve_checkpoint
-from pipeline.plugins import allowed_targets, load_object
-from pipeline.precision import resolve_bf16
+from pipeline.config.plugins import allowed_targets, load_object
+from pipeline.process.precision import resolve_bf16
 from pipeline.train import batches, model as policy_model
 from pipeline.train.distributed import shards
 from pipeline.train.distributed.shards import load_sharded
@@ -98,7 +98,7 @@ class PolicyGradientTrainer:
         self.parallel = parallel or LocalParallel()
         # "auto": CUDA when this process sees a GPU (a worker sees the one Ray gave it)
         self.device = torch.device(resolve_device(k["device"], "trainer.device"))
-        # "auto": bf16 autocast only where this CPU has fast bfloat16 kernels (pipeline.precision)
+        # "auto": bf16 autocast only where this CPU has fast bfloat16 kernels (pipeline.process.precision)
         k["bf16"] = resolve_bf16(k["bf16"])
         if k["kl_loss_type"] not in KL_LOSS_TYPES:
             raise ValueError(f"trainer.kl_loss_type must be one of {list(KL_LOSS_TYPES)}, got {k['kl_loss_type']!r}")

@@ -9,8 +9,8 @@ from typing import Any
 
 from pipeline.cluster import devices
 from pipeline.engines.preflight import has_trainer
-from pipeline.plugins import target_of
-from pipeline.precision import AUTO
+from pipeline.config.plugins import target_of
+from pipeline.process.precision import AUTO
 from pipeline.train.choices import KL_LOSS_TYPES, LOSS_AGG_MODES, LR_DECAY_STYLES
 
 __all__ = ["async_problems", "async_warnings", "trainer_problems", "trainer_warnings"]
@@ -22,7 +22,7 @@ _POLICY_GRADIENT = ("pipeline.train.build.policy_gradient_trainer",
 _FUNCTION = "pipeline.train.function.FunctionTrainer"
 _CHOICES = {"kl_loss_type": KL_LOSS_TYPES, "loss_agg_mode": LOSS_AGG_MODES, "lr_decay_style": LR_DECAY_STYLES,
             "loss_type": ("policy_loss", "custom_loss")}
-_POSITIVE_INTS = ("micro_batch_size", "num_threads")
+_POSITIVE_INTS = ("micro_batch_size", "num_threads", "keep_states")
 _BOOLEANS = ("fsdp_reshard_after_forward", "share_prompt_forward", "use_dynamic_batch_size", "use_kl_loss",
              "use_unbiased_kl", "use_rollout_logprobs", "use_tis", "use_opsm", "get_mismatch_metrics")
 _NON_NEGATIVE = ("lr", "min_lr", "weight_decay", "clip_grad", "eps_clip", "entropy_coef", "kl_loss_coef",
@@ -252,7 +252,7 @@ def _split_problems(cfg: dict[str, Any], node: dict[str, Any], workers: int) -> 
 
 
 def async_problems(cfg: dict[str, Any]) -> list[str]:
-    """Problems of `train_async` / `max_weight_staleness` (pipeline.runner_async)."""
+    """Problems of `train_async` / `max_weight_staleness` (pipeline.loop.runner_async)."""
     out: list[str] = []
     mode, bound = cfg.get("train_async"), cfg.get("max_weight_staleness")
     if not isinstance(mode, bool):

@@ -7,7 +7,7 @@
 `<dir>/trainer_state.json`   weight version, optimizer step, hyper-parameters of each param
                              group, Python and numpy RNG states, format version
 The folder is written under a temp name beside `<dir>` and renamed into place
-(`pipeline.atomic.atomic_dir`: the previous folder, if any, goes only once the new one is complete).
+(`pipeline.process.atomic.atomic_dir`: the previous folder, if any, goes only once the new one is complete).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from pipeline.atomic import atomic_dir, atomic_write_text
+from pipeline.process.atomic import atomic_dir, atomic_write_text
 
 __all__ = ["FORMAT_VERSION", "load_state", "read_meta", "read_state", "restore_rng", "rng_state", "save_state", "seed_rngs"]
 

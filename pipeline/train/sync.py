@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline.atomic import prune_numbered_dirs, remove_stale_temp_dirs
+from pipeline.process.atomic import prune_numbered_dirs, remove_stale_temp_dirs
 
 __all__ = ["LORA_ADAPTERS_KEPT", "push_weights"]
 

@@ -8,8 +8,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from pipeline.agent.config import AgentConfig, AgentConfigError
-from pipeline.app import run
-from pipeline.config import ConfigError, validate
+from pipeline.run.app import run
+from pipeline.config.args import ConfigError, validate
 from pipeline.sinks.files import read_samples
 from agent_helpers import agent_settings, write_questions
 

@@ -11,7 +11,7 @@ from hydra import compose, initialize_config_dir
 from pipeline.agent.chat import ChatTurns, hermes_tools_block, with_system_block
 from pipeline.agent.tools import tool_from
 from pipeline.agent.calculator import calculator
-from pipeline.app import run
+from pipeline.run.app import run
 from pipeline.engines.assets import default_cache_dir, load_tokenizer, resolve_checkpoint
 from pipeline.sinks.files import read_samples
 from test_agent_config import CONF

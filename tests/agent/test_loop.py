@@ -11,7 +11,7 @@ from pipeline.agent.loop import AgentLoop
 from pipeline.engines.scripted import ByteTokenizer, ScriptedEngine
 from pipeline.rollout.eval import EngineEval
 from pipeline.rollout.sample_generate import GenContext, sampling_params_from_args
-from pipeline.sample import Sample
+from pipeline.samples.sample import Sample
 from pipeline.sinks.files import write_samples
 from tests.agent import agent_tools
 

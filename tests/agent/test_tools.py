@@ -10,7 +10,7 @@ from tests.agent import agent_tools
 from pipeline.agent.calculator import calculator
 from pipeline.agent.sandbox import PythonTool
 from pipeline.agent.tools import ToolRegistry, check_arguments, load_tools, tool_from
-from pipeline.plugins import TargetNotAllowedError
+from pipeline.config.plugins import TargetNotAllowedError
 
 ALLOWED = ["pipeline.", "tests."]
 

@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from pipeline.data.buffer_filters import OldestFirst, group_mean_reward, oldest_first, pop_first, reward_topk
-from pipeline.sample import Sample
-from pipeline.sample_versions import reset_serving_version, set_serving_version
+from pipeline.samples.sample import Sample
+from pipeline.samples.versions import reset_serving_version, set_serving_version
 
 pytestmark = pytest.mark.timeout(30)
 

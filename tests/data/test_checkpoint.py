@@ -19,7 +19,7 @@ from pipeline import BufferedDataSource, PlainDataSource, Sample
 from pipeline.data import checkpoint as ckpt
 from pipeline.data.buffer_filters import OldestFirst
 from pipeline.data.errors import CheckpointError, DataFingerprintMismatch
-from pipeline.sample_versions import reset_serving_version, set_serving_version
+from pipeline.samples.versions import reset_serving_version, set_serving_version
 from tests.data.conftest import make_rows, write_jsonl
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from pipeline.plugins import build
+from pipeline.config.plugins import build
 from pipeline.engines.base import Engine
 
 CONF = Path(__file__).resolve().parents[2] / "conf"

@@ -19,7 +19,7 @@ from hydra import compose, initialize_config_dir
 
 from pipeline.cluster import devices
 from pipeline.cluster.devices import DeviceError
-from pipeline.config import ConfigError, validate
+from pipeline.config.args import ConfigError, validate
 from pipeline.engines import hf as hf_module
 from pipeline.engines import preflight, ray_pool
 from pipeline.engines.base import SamplingParams
@@ -28,7 +28,7 @@ from pipeline.engines.hf_decode import DecodeBatch, Row, log_probs_alone
 from pipeline.engines.hf_lean import LeanDecoder, native_problem
 from pipeline.engines.hf_static import StaticDecodeBatch
 from pipeline.engines.ray_pool import RayEngine, replica_options
-from pipeline.precision import resolve_dtype
+from pipeline.process.precision import resolve_dtype
 
 pytestmark = pytest.mark.timeout(120)
 

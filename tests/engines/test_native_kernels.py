@@ -209,7 +209,7 @@ def test_a_native_step_is_as_close_to_float32_as_the_pytorch_bfloat16_step(
     from transformers import AutoModelForCausalLM
 
     from pipeline.engines.hf_lean import LeanDecoder, packed_matmuls_available
-    from pipeline.precision import fast_bfloat16
+    from pipeline.process.precision import fast_bfloat16
 
     if not (packed_matmuls_available() and fast_bfloat16()):
         pytest.skip("the native kernels run with packed bfloat16 matmuls, which this CPU does not use")
@@ -256,7 +256,7 @@ def test_the_engine_runs_on_the_native_kernels_where_it_can_and_says_why_not_els
     import logging
 
     from pipeline.engines.hf import HFEngine
-    from pipeline.precision import fast_bfloat16
+    from pipeline.process.precision import fast_bfloat16
 
     caplog.set_level(logging.INFO, logger="pipeline.engines.hf")
     exact = HFEngine(model_path, num_threads=2, max_batch_size=4, dtype="float32", cache_dir=str(tmp_path))

@@ -240,7 +240,7 @@ def test_throughput_against_vllm_serving_bfloat16(model_path: str, tmp_path_fact
     """The same comparison against a second server that serves bfloat16, the precision the hf
     engine runs on CPUs with fast bfloat16 kernels (on others vLLM's bfloat16 is no fair
     opponent: the test compares float32 only)."""
-    from pipeline.precision import fast_bfloat16
+    from pipeline.process.precision import fast_bfloat16
 
     if os.environ.get("VLLM_BASE_URL"):
         pytest.skip("VLLM_BASE_URL names one server; this test starts its own bfloat16 one")

@@ -177,7 +177,7 @@ def test_replica_env_defaults_to_passive_and_keeps_driver_value(monkeypatch) -> 
     assert replica_env() == {"OMP_WAIT_POLICY": "PASSIVE"}
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
     assert replica_env() == {"OMP_WAIT_POLICY": "ACTIVE"}
-    monkeypatch.setenv("GOMP_SPINCOUNT", "10000")  # omp_spin_count of the run (pipeline/openmp.py)
+    monkeypatch.setenv("GOMP_SPINCOUNT", "10000")  # omp_spin_count of the run (pipeline/process/openmp.py)
     assert replica_env() == {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "10000"}
 
 

@@ -9,7 +9,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from pipeline.config import ConfigError, validate
+from pipeline.config.args import ConfigError, validate
 from pipeline.engines.preflight import has_trainer, trainer_engine_problems, trainer_uses_lora
 
 pytestmark = pytest.mark.timeout(60)

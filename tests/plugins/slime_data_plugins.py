@@ -10,7 +10,7 @@ from enum import Enum
 from types import SimpleNamespace
 from typing import Any
 
-from pipeline.sample import Sample
+from pipeline.samples.sample import Sample
 
 
 class Status(Enum):  # stands in for slime.utils.types.Sample.Status (a plain Enum)

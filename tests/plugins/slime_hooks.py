@@ -16,7 +16,7 @@ import os
 import re
 from typing import Any
 
-from pipeline.sample import Sample
+from pipeline.samples.sample import Sample
 
 
 def _log(args: Any, hook: str, record: dict[str, Any]) -> None:

@@ -8,7 +8,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.sample import Sample
+from pipeline.samples.sample import Sample
 
 
 @dataclass

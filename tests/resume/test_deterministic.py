@@ -15,7 +15,7 @@ from pipeline.engines.scripted import ByteTokenizer, ScriptedEngine
 from pipeline.rollout.dynamic_filters import check_reward_nonzero_std
 from pipeline.rollout.engine_rollout import EngineRollout
 from pipeline.rollout.sample_generate import GenContext, continuation_seed, default_generate
-from pipeline.sample import Sample
+from pipeline.samples.sample import Sample
 from rollout_helpers import BoxedReward, make_args, write_prompts
 
 pytestmark = pytest.mark.timeout(60)

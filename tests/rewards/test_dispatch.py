@@ -11,7 +11,7 @@ import pytest
 
 from pipeline.rewards import dispatch as dispatch_mod
 from pipeline.rewards.dispatch import RewardDispatcher
-from pipeline.sample import Sample
+from pipeline.samples.sample import Sample
 from tests.engines.fake_server import FakeServer, serve
 from tests.rewards import plugins
 

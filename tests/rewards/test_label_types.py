@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from pipeline.rewards.dispatch import RewardDispatcher
-from pipeline.sample import Sample
+from pipeline.samples.sample import Sample
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 from hydra import compose, initialize_config_dir
 
-from pipeline.config import ConfigError, validate
+from pipeline.config.args import ConfigError, validate
 from pipeline.rewards.ifbench import ifbench_available
 from pipeline.rewards.rm_types import RM_TYPES, rm_types_in_rows
 
@@ -136,7 +136,7 @@ def test_ifbench_without_its_package_is_refused(tmp_path: Path) -> None:
 
 def test_n1_with_a_mean_subtracting_estimator_warns(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     data = _jsonl(tmp_path / "d.jsonl", _rows([None]))
-    with caplog.at_level(logging.WARNING, logger="pipeline.config_rules"):
+    with caplog.at_level(logging.WARNING, logger="pipeline.config.rules"):
         validate(_cfg(tmp_path, data, "n_samples_per_prompt=1"))
         assert "n_samples_per_prompt=1 with advantage.estimator=grpo: every prompt is a group of one" in caplog.text
         caplog.clear()

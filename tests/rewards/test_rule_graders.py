@@ -16,7 +16,7 @@ from pipeline.rewards.dispatch import RewardDispatcher
 from pipeline.rewards.ifbench import grade_ifbench, ifbench_available
 from pipeline.rewards.math_rules import dapo_normalize, grade_dapo, grade_deepscaler
 from pipeline.rewards.text_rules import extract_choice, f1_reward, grade_gpqa
-from pipeline.sample import Sample
+from pipeline.samples.sample import Sample
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 
-from pipeline.config import ConfigError, validate
+from pipeline.config.args import ConfigError, validate
 from pipeline.rewards import dispatch
 from pipeline.rewards.dispatch import RewardDispatcher, grading_label
 from pipeline.rewards.math import MAX_ANSWER_CHARS, grade
 from pipeline.rewards.text_rules import grade_gpqa
-from pipeline.sample import Sample
+from pipeline.samples.sample import Sample
 from tests.engines.fake_server import FakeServer, serve
 from tests.rewards.test_reward_preflight import _cfg
 

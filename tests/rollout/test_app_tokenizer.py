@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from pipeline.parts import build_parts
-from pipeline.config import SlimeArgs, to_plain, validate
-from pipeline.plugins import allowed_targets
+from pipeline.loop.parts import build_parts
+from pipeline.config.args import SlimeArgs, to_plain, validate
+from pipeline.config.plugins import allowed_targets
 from pipeline.engines.assets import default_cache_dir, resolve_checkpoint
 
 CONF = Path(__file__).resolve().parents[2] / "conf"

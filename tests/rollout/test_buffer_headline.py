@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 from hydra import compose, initialize_config_dir
 
-from pipeline.app import run
-from pipeline.config import validate
+from pipeline.run.app import run
+from pipeline.config.args import validate
 from pipeline.data.buffer_filters import group_mean_reward, reward_topk
 from pipeline.engines.scripted import ScriptedEngine
-from pipeline.logging_setup import RunProgress
-from pipeline.sample import Sample
+from pipeline.process.logging_setup import RunProgress
+from pipeline.samples.sample import Sample
 from pipeline.sinks.jsonl import read_metrics
 
 from rollout_helpers import make_args
@@ -125,7 +125,7 @@ def test_headline_command_fills_the_buffer_and_serves_it(tmp_path):
     ([*HEADLINE, "rollout.over_sampling=adaptive"], True),
 ])
 def test_preflight_warns_when_nothing_can_enter_the_buffer(overrides, warned, caplog, tmp_path):
-    with caplog.at_level(logging.WARNING, logger="pipeline.config"):
+    with caplog.at_level(logging.WARNING, logger="pipeline.config.args"):
         validate(compose_cfg(*overrides, f"paths.output_dir={tmp_path}"))
     found = [r.getMessage() for r in caplog.records if "nothing will ever enter the buffer" in r.getMessage()]
     assert bool(found) == warned, found

@@ -12,7 +12,7 @@ from pipeline.rollout.contracts import as_filter_output
 from pipeline.rollout.dynamic_filters import check_reward_nonzero_std, check_reward_nonzero_std_with_fallback
 from pipeline.rollout.replay import ReplayRollout
 from pipeline.rollout.sft import SftRollout, tokens_and_loss_mask
-from pipeline.sample import Sample
+from pipeline.samples.sample import Sample
 from pipeline.sinks.files import write_samples
 
 ARGS = SimpleNamespace(reward_key=None, rollout_batch_size=2, n_samples_per_prompt=1)

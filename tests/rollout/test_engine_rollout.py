@@ -9,7 +9,7 @@ import pytest
 from pipeline.engines.base import GenerationRequest, GenerationResult
 from pipeline.engines.scripted import ScriptedEngine
 from pipeline.rollout.contracts import DynamicFilterOutput, RolloutFnTrainOutput
-from pipeline.sample import Sample
+from pipeline.samples.sample import Sample
 
 from rollout_helpers import make_args
 

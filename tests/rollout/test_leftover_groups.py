@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from pipeline.rollout.leftover_groups import Flight, LeftoverGroups
-from pipeline.sample import Sample
+from pipeline.samples.sample import Sample
 
 pytestmark = pytest.mark.timeout(30)
 

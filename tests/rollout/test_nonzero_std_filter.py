@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from pipeline.rollout.dynamic_filters import check_reward_nonzero_std, check_reward_nonzero_std_with_fallback
-from pipeline.sample import Sample
+from pipeline.samples.sample import Sample
 
 pytestmark = pytest.mark.timeout(20)
 

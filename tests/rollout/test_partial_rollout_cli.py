@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.sample import Sample
+from pipeline.samples.sample import Sample
 from pipeline.sinks.jsonl import read_metrics
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "resume"))

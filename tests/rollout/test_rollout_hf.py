@@ -10,7 +10,7 @@ from pipeline.engines.assets import default_cache_dir, resolve_checkpoint
 from pipeline.engines.hf import HFEngine
 from pipeline.rewards.dispatch import RewardDispatcher
 from pipeline.rollout.engine_rollout import EngineRollout
-from pipeline.sample import Sample
+from pipeline.samples.sample import Sample
 
 from rollout_helpers import make_args, write_prompts
 

@@ -14,7 +14,7 @@ from pipeline.engines.scripted import ByteTokenizer
 from pipeline.rollout.sample_generate import (
     GenContext, continuation_seed, default_generate, reset_sample, sampling_params_from_args, to_engine_params,
 )
-from pipeline.sample import Sample
+from pipeline.samples.sample import Sample
 
 pytestmark = pytest.mark.timeout(30)
 

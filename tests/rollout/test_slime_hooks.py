@@ -12,13 +12,13 @@ from types import SimpleNamespace
 import pytest
 from hydra import compose, initialize_config_dir
 
-from pipeline.config import ConfigError, SlimeArgs, to_plain, validate
-from pipeline.plugins import check_call
+from pipeline.config.args import ConfigError, SlimeArgs, to_plain, validate
+from pipeline.config.plugins import check_call
 from pipeline.rewards.dispatch import RewardDispatcher
 from pipeline.rollout.contracts import PluginOutputError
 from pipeline.rollout.sample_generate import call_custom_generate
 from pipeline.rollout.sample_hooks import SampleHooks
-from pipeline.sample import Sample
+from pipeline.samples.sample import Sample
 from tests.plugins import slime_hooks
 
 CONF = Path(__file__).resolve().parents[2] / "conf"

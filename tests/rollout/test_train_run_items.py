@@ -18,8 +18,8 @@ from pipeline.rollout.over_sampling import OverSampler
 from pipeline.rollout.sample_generate import bind
 from pipeline.rollout.sample_hooks import SampleHooks
 from pipeline.rollout.train_run import TrainRun
-from pipeline.sample import Sample
-from pipeline.sample_versions import serving_version
+from pipeline.samples.sample import Sample
+from pipeline.samples.versions import serving_version
 
 from rollout_helpers import BoxedReward, make_args
 

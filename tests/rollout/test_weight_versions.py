@@ -11,8 +11,8 @@ import pytest
 from pipeline.engines.base import GenerationRequest, SamplingParams
 from pipeline.engines.scripted import ScriptedEngine
 from pipeline.rollout.sample_generate import GenContext, default_generate, reset_sample
-from pipeline.sample import Sample
-from pipeline.sample_versions import RUNS_KEY, oldest_version, staleness, token_versions
+from pipeline.samples.sample import Sample
+from pipeline.samples.versions import RUNS_KEY, oldest_version, staleness, token_versions
 
 from rollout_helpers import make_args
 
@@ -140,7 +140,7 @@ def test_runs_cover_tool_tokens_and_bad_version_lists_change_nothing():
 
 def test_the_weight_version_survives_a_checkpoint_for_the_trainer_to_restore(make_rollout, make_source, tmp_path,
                                                                              caplog):
-    from pipeline.runner import ROLLOUT_STATE_KEY
+    from pipeline.loop.runner import ROLLOUT_STATE_KEY
 
     engine = ScriptedEngine()
     rollout = make_rollout(engine)

@@ -8,7 +8,7 @@ import tempfile
 import pytest
 
 from helpers import compose_run, masked_spans, samples_of
-from pipeline.app import run
+from pipeline.run.app import run
 
 SHORT = ("rollout_batch_size=1", "rollout_max_response_len=12", "rollout_temperature=0.7")
 

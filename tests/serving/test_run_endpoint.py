@@ -8,12 +8,12 @@ from __future__ import annotations
 import pytest
 
 from helpers import compose_run, masked_spans, samples_of
-from pipeline import slime_compat
-from pipeline.app import run
-from pipeline.config import SlimeArgs, to_plain, validate
-from pipeline.plugins import ConfigError
+from pipeline.slime import stand_ins
+from pipeline.run.app import run
+from pipeline.config.args import SlimeArgs, to_plain, validate
+from pipeline.config.plugins import ConfigError
 
-slime_compat.install()  # the plugin imports slime.utils.types, as slime plugins do
+stand_ins.install()  # the plugin imports slime.utils.types, as slime plugins do
 from tests.serving.slime_style_generate import RETRIEVED  # noqa: E402
 
 
@@ -85,7 +85,7 @@ def test_preflight_names_a_bad_serve_http_or_sglang_url(override, match, tmp_pat
 
 
 def test_deterministic_mode_with_a_custom_generate_warns_how_http_requests_get_their_seed(tmp_path):
-    from pipeline.config_rules import collect_warnings
+    from pipeline.config.rules import collect_warnings
 
     warned = [w for w in collect_warnings(to_plain(compose_run(tmp_path, "rollout.deterministic=true")))
               if "SGLang-compatible" in w]

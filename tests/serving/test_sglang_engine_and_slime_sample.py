@@ -1,6 +1,6 @@
 """engine=sglang: a slime-style HTTP generate posts to the engine's own server (a fake SGLang
 server here), from args set from its base_url; and where slime is importable, plugins get slime's
-own Sample class (pipeline/slime_compat.py)."""
+own Sample class (pipeline/slime/stand_ins.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 from aiohttp import web
 
 from helpers import compose_run, masked_spans, samples_of
-from pipeline.app import run
+from pipeline.run.app import run
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 import pipeline
-from pipeline.sample import Sample
+from pipeline.samples.sample import Sample
 from pipeline.sinks.files import read_samples, write_samples, write_train_data
 from pipeline.sinks.jsonl import MetricsJsonl, read_metrics
 from pipeline.sinks.summary import summarize_sweep

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from pipeline.sample import Sample
+from pipeline.samples.sample import Sample
 from pipeline.stages import RolloutContext, StageParts
 from pipeline.stages.log import eval_metrics, log_stage, pass_at_k, rollout_metrics
 

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from pipeline.sample import Sample
+from pipeline.samples.sample import Sample
 from pipeline.stages.rewards import MEAN_SUBTRACTING, post_process_rewards
 
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from pipeline.sample import Sample
+from pipeline.samples.sample import Sample
 from pipeline.stages import RolloutContext, StageParts
 from pipeline.stages.rewards import post_process_rewards, raw_reward_values, rewards_stage
 

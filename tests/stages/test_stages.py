@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from pipeline.rollout.contracts import PluginOutputError
-from pipeline.sample import Sample
+from pipeline.samples.sample import Sample
 from pipeline.stages import RolloutContext, StageParts
 from pipeline.stages.rewards import post_process_rewards, rewards_stage
 from pipeline.stages.flatten import flatten_samples

@@ -6,7 +6,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pipeline
-from pipeline.sample import Sample
+from pipeline.samples.sample import Sample
 from pipeline.sinks.files import write_train_data
 from pipeline.sinks.files import to_tensors
 from pipeline.stages.train_data import convert_to_train_data

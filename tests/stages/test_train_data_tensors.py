@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from pipeline.sample import Sample
+from pipeline.samples.sample import Sample
 from pipeline.sinks.files import _pad, to_tensors
 from pipeline.stages.train_data import convert_to_train_data
 

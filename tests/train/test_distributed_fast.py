@@ -37,7 +37,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from pipeline.config import SlimeArgs
+from pipeline.config.args import SlimeArgs
 from pipeline.train import model as policy_model
 from pipeline.train.distributed import driver as driver_module
 from pipeline.train.distributed import group as group_module

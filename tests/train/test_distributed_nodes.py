@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-from pipeline.config import SlimeArgs
+from pipeline.config.args import SlimeArgs
 from pipeline.train.build import policy_gradient_trainer
 from test_distributed_trainer import grpo_data, keys, max_diff
 from trainer_fixtures import tiny_llama

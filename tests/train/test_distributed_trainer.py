@@ -13,7 +13,7 @@ import tempfile
 import pytest
 import torch
 
-from pipeline.config import SlimeArgs
+from pipeline.config.args import SlimeArgs
 from pipeline.train.build import policy_gradient_trainer
 from pipeline.train.distributed.driver import DistributedTrainer
 from pipeline.train.distributed.group import TrainerWorkerError

@@ -1,4 +1,4 @@
-"""Every writer of run-dir files follows the umask (`pipeline.atomic.follow_umask`): the policy
+"""Every writer of run-dir files follows the umask (`pipeline.process.atomic.follow_umask`): the policy
 export, the LoRA adapter, the trainer state, the weight-sync folders and the train data, which
 safetensors and mkdtemp would otherwise leave 0600 / 0700 (an inference server running as
 another user could not read the policy)."""
@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from pipeline import atomic
+from pipeline.process import atomic
 from pipeline.engines.weight_sync import save_hf_folder
 from pipeline.sinks.files import write_train_data
 from pipeline.train.model import export_hf

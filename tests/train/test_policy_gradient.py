@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from pipeline.config import SlimeArgs
+from pipeline.config.args import SlimeArgs
 from pipeline.train.policy_gradient import PolicyGradientTrainer
 from tests.plugins import trainer_hooks
 from trainer_fixtures import tiny_llama, train_data, yaml_keys
@@ -386,7 +386,7 @@ def test_bad_settings_are_refused_with_the_whole_message(monkeypatch):
 
 
 def test_bf16_auto_is_resolved_once_for_this_machine():
-    from pipeline.precision import resolve_bf16
+    from pipeline.process.precision import resolve_bf16
 
     assert trainer(bf16="auto").keys["bf16"] is resolve_bf16("auto")
 

@@ -1,4 +1,4 @@
-"""train_async (pipeline.runner_async) with the scripted engine and a function trainer: order,
+"""train_async (pipeline.loop.runner_async) with the scripted engine and a function trainer: order,
 per-token weight versions, the staleness bound, overlap, barriers at checkpoints, resume after a
 crash with a rollout in flight, and the pre-flight checks."""
 
@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from pipeline.app import run
-from pipeline.config import ConfigError, validate
-from pipeline.sample_versions import token_versions
+from pipeline.run.app import run
+from pipeline.config.args import ConfigError, validate
+from pipeline.samples.versions import token_versions
 from pipeline.sinks.files import read_samples
 from pipeline.sinks.jsonl import read_metrics
 from tests.plugins import async_trainer

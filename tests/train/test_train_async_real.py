@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.sample_versions import token_versions
+from pipeline.samples.versions import token_versions
 from pipeline.sinks.files import read_samples
 from pipeline.sinks.jsonl import read_metrics
 

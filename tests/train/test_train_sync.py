@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from pipeline.config import SlimeArgs
+from pipeline.config.args import SlimeArgs
 from pipeline.train.function import FunctionTrainer
 from pipeline.train.policy_gradient import PolicyGradientTrainer
 from pipeline.train.sync import push_weights

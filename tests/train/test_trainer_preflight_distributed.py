@@ -14,7 +14,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from pipeline.cluster import devices
-from pipeline.config import ConfigError, to_plain_lenient, validate
+from pipeline.config.args import ConfigError, to_plain_lenient, validate
 from pipeline.train.preflight import trainer_problems, trainer_warnings
 
 pytestmark = pytest.mark.timeout(120)
@@ -46,7 +46,7 @@ def cpus(monkeypatch: pytest.MonkeyPatch, count: int) -> None:
 
 
 def config_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "pipeline.config" and r.levelno >= logging.WARNING]
+    return [r.getMessage() for r in caplog.records if r.name == "pipeline.config.args" and r.levelno >= logging.WARNING]
 
 
 def refused(tmp: Path, *overrides: str) -> str:

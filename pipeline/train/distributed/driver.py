@@ -30,12 +30,12 @@ from typing import Any
 
 import torch
 
-from pipeline.atomic import atomic_dir, atomic_write_text
+from pipeline.process.atomic import atomic_dir, atomic_write_text
 from pipeline.cluster.devices import HF_ENGINE, cuda_device_count, gpus_for_trainer, resolve_backend, resolve_device
-from pipeline.config import SlimeArgs
+from pipeline.config.args import SlimeArgs
 from pipeline.engines.assets import resolve_checkpoint
 from pipeline.engines.weight_sync import as_tensors
-from pipeline.session import command_arg
+from pipeline.run.session import command_arg
 from pipeline.train import batches
 from pipeline.train.distributed import split
 from pipeline.train.distributed.group import WorkerGroup

@@ -58,7 +58,7 @@ class WorkerGroup:
               num_cpus_per_worker: float, placement_strategy: str, num_threads: int, timeout_s: float,
               release_freed_memory: bool = False) -> None:
         """Place and start the workers and join them into one process group (`release_freed_memory`:
-        each worker returns freed memory to the OS at once, `pipeline.malloc.release_freed_memory`)."""
+        each worker returns freed memory to the OS at once, `pipeline.process.malloc.release_freed_memory`)."""
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy

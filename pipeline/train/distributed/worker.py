@@ -25,8 +25,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pipeline import malloc
-from pipeline.config import SlimeArgs
+from pipeline.process import malloc
+from pipeline.config.args import SlimeArgs
 from pipeline.engines.weight_sync import as_arrays
 from pipeline.train.distributed import shards
 from pipeline.train.distributed.strategy import TorchParallel

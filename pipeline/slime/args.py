@@ -9,7 +9,7 @@ from typing import Any
 
 from pipeline.data.errors import DataError
 from pipeline.engines.assets import resolve_checkpoint
-from pipeline.plugins import ConfigError, PluginImportError, allowed_targets, load_object
+from pipeline.config.plugins import ConfigError, PluginImportError, allowed_targets, load_object
 
 __all__ = ["kwargs_from_args", "tokenizer_from_args", "import_path"]
 

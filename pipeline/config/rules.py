@@ -1,4 +1,4 @@
-"""The rules behind `pipeline.config.validate`: one pass over the resolved config.
+"""The rules behind `pipeline.config.args.validate`: one pass over the resolved config.
 
 Each rule appends a message naming the key, the value found and what was expected; the caller
 raises them all at once so a user fixes a config in one go.
@@ -14,15 +14,15 @@ from typing import Any
 
 from pipeline.agent.preflight import agent_problems
 from pipeline.engines.preflight import engine_device_problems, trainer_engine_problems
-from pipeline.estimators import ESTIMATORS, GROUP_MODES, MEAN_SUBTRACTING
-from pipeline.malloc import keep_freed_memory_problem
-from pipeline.openmp import spin_count_problem
-from pipeline.plugins import (SLOTS, SLOTS_BY_NAME, ConfigError, Needs, check_allowed, check_call, load_object,
+from pipeline.rewards.estimators import ESTIMATORS, GROUP_MODES, MEAN_SUBTRACTING
+from pipeline.process.malloc import keep_freed_memory_problem
+from pipeline.process.openmp import spin_count_problem
+from pipeline.config.plugins import (SLOTS, SLOTS_BY_NAME, ConfigError, Needs, check_allowed, check_call, load_object,
                               provided, required)
-from pipeline.plugins import target_of as _target
+from pipeline.config.plugins import target_of as _target
 from pipeline.rewards.preflight import reward_problems
 from pipeline.serving.preflight import serving_problems, serving_warnings
-from pipeline.session import resume_target_problem
+from pipeline.run.session import resume_target_problem
 from pipeline.train.preflight import async_problems, async_warnings, trainer_problems, trainer_warnings
 
 __all__ = ["collect_problems", "collect_warnings"]
@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 
 _SLICE = re.compile(r"@\[[^\]]*\]$")
 # the folder holding conf/, data/ and run.py
-_PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _POSITIVE_INTS = ("num_rollout", "rollout_batch_size", "n_samples_per_prompt", "over_sampling_batch_size",
                   "rollout_max_response_len", "n_samples_per_eval_prompt")
 _BOOLS = ("partial_rollout", "mask_offpolicy_in_partial_rollout", "eval_before_train", "continue_sweep")

@@ -13,15 +13,15 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from pipeline import run_lock
+from pipeline.run import run_lock
 from pipeline.cluster.devices import process_cpu_idle, visible_gpus
-from pipeline.config import SlimeArgs, to_plain, validate
-from pipeline.logging_setup import RunProgress, configure_console, progress_logger
-from pipeline.malloc import keep_freed_memory
-from pipeline.openmp import configure_openmp_wait
-from pipeline.plugins import SLOTS_BY_NAME, ConfigError, allowed_targets
-from pipeline.run_record import check_resume_config, project_upgrades, read_changes, read_record
-from pipeline.session import (discard_session_files, existing_run_problem, has_checkpoint, hydra_config, interrupt_hint,
+from pipeline.config.args import SlimeArgs, to_plain, validate
+from pipeline.process.logging_setup import RunProgress, configure_console, progress_logger
+from pipeline.process.malloc import keep_freed_memory
+from pipeline.process.openmp import configure_openmp_wait
+from pipeline.config.plugins import SLOTS_BY_NAME, ConfigError, allowed_targets
+from pipeline.run.run_record import check_resume_config, project_upgrades, read_changes, read_record
+from pipeline.run.session import (discard_session_files, existing_run_problem, has_checkpoint, hydra_config, interrupt_hint,
                               session_overrides, store_record)
 from pipeline.sinks.jsonl import MetricsJsonl
 
@@ -57,8 +57,8 @@ def _sweep_dir() -> str | None:
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Validate `cfg`, build every part, run the rollouts; returns the last step's metrics.
 
-    A resume is checked against the run's stored config first (`pipeline.run_record`); the run
-    dir is locked while the run writes into it (`pipeline.run_lock`). A pre-flight error leaves
+    A resume is checked against the run's stored config first (`pipeline.run.run_record`); the run
+    dir is locked while the run writes into it (`pipeline.run.run_lock`). A pre-flight error leaves
     nothing behind; Ctrl-C ends with exit code 130 and the command that resumes the run.
     """
     configure_console()
@@ -119,8 +119,8 @@ def _run_locked(plain: dict[str, Any], run_dir: str, record: dict[str, Any] | No
     """`run` once the config is checked and the run dir locked."""
     # imported once the config has passed pre-flight: a refused command ends without importing
     # torch (about 3 s)
-    from pipeline.parts import build_parts, build_slot, build_stages
-    from pipeline.runner import Pipeline
+    from pipeline.loop.parts import build_parts, build_slot, build_stages
+    from pipeline.loop.runner import Pipeline
 
     resume = plain["resume"]
     args = SlimeArgs.from_config(plain)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from pipeline.rollout.contracts import as_eval_output
-from pipeline.runner_async import run_async
+from pipeline.loop.runner_async import run_async
 from pipeline.sinks.files import write_samples
 from pipeline.sinks.jsonl import MetricsJsonl, clean_value, read_metrics
 from pipeline.stages import STAGES, RolloutContext, StageParts
@@ -57,7 +57,7 @@ class Schedule:
     save_interval: int | None = 1
     eval_interval: int | None = None
     eval_before_train: bool = False
-    # train_async: rollout k+1 generates while the trainer trains on k (pipeline.runner_async);
+    # train_async: rollout k+1 generates while the trainer trains on k (pipeline.loop.runner_async);
     # max_weight_staleness bounds how many weight versions generation may run behind the trainer
     train_async: bool = False
     max_weight_staleness: int = 1
@@ -76,14 +76,14 @@ class Schedule:
 class Pipeline:
     """Runs rollouts `schedule.start_rollout_id .. num_rollout - 1` through `stages`, a list of
     (name, fn(ctx, parts)) run in order (`pipeline.stages.STAGES` plus the config's
-    `extra_stages`: `pipeline.parts.build_stages`)."""
+    `extra_stages`: `pipeline.loop.parts.build_stages`)."""
 
     parts: StageParts
     schedule: Schedule
     metrics_file: MetricsJsonl
     eval_fn: Callable[..., Any] | None = None
     sinks: list[Any] = field(default_factory=list)
-    # console progress (`pipeline.logging_setup.RunProgress`): `step(rollout_id, metrics)` per rollout
+    # console progress (`pipeline.process.logging_setup.RunProgress`): `step(rollout_id, metrics)` per rollout
     progress: Any = None
     stages: tuple[tuple[str, Callable[[RolloutContext, StageParts], None]], ...] = STAGES
 

@@ -1,11 +1,11 @@
 """The command line before Hydra sees it: `resume=<run dir>` continues that run's experiment.
 
 `prepare_argv(argv)` (called by `run.py`) turns `python run.py resume=X [overrides]` into the
-stored overrides of X (`pipeline.run_record`) followed by the new ones, writing into X itself
+stored overrides of X (`pipeline.run.run_record`) followed by the new ones, writing into X itself
 (`hydra.run.dir=X`) with this session's Hydra files in `X/.hydra/resume-<time>/` (the original
 run's `.hydra/*.yaml` stay as they were); a sweep dir X continues the whole sweep
-(`pipeline.sweep_resume`). Before Hydra writes anything it checks that X is a run dir, that X
-is writable, and locks X (`pipeline.run_lock`), so a resume of a live run fails at once. A
+(`pipeline.run.sweep_resume`). Before Hydra writes anything it checks that X is a run dir, that X
+is writable, and locks X (`pipeline.run.run_lock`), so a resume of a live run fails at once. A
 fresh run into an explicit `hydra.run.dir` that a live run holds fails the same way, and so
 does one into a dir (or a sweep into a `hydra.sweep.dir`) that holds a run with a checkpoint
 (`existing_run_problem`): a fresh run there would truncate that run's metrics, prune its
@@ -22,12 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.data.checkpoint import list_checkpoints
-from pipeline.overrides import command_arg, hydra_quoted, override_value, unique_dir_arg
-from pipeline.plugins import ConfigError
-from pipeline.run_lock import LOCK_FILE, acquire
-from pipeline.run_record import (OPT_IN, RECORD_FILE, SessionOverrides, merge_overrides, override_key, read_record,
+from pipeline.run.overrides import command_arg, hydra_quoted, override_value, unique_dir_arg
+from pipeline.config.plugins import ConfigError
+from pipeline.run.run_lock import LOCK_FILE, acquire
+from pipeline.run.run_record import (OPT_IN, RECORD_FILE, SessionOverrides, merge_overrides, override_key, read_record,
                                  record_changes, upgrade_overrides, write_record)
-from pipeline.sweep_resume import is_sweep_dir, job_dirs, sweep_resume_argv
+from pipeline.run.sweep_resume import is_sweep_dir, job_dirs, sweep_resume_argv
 
 __all__ = ["SESSION_PREFIX", "discard_session_files", "existing_run_problem", "has_checkpoint", "hydra_config",
            "interrupt_hint", "prepare_argv", "resume_target_problem", "session_subdir", "store_record"]

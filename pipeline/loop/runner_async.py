@@ -38,8 +38,8 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Protocol
 
-from pipeline.openmp import release_thread_workers
-from pipeline.sample_versions import staleness_metrics
+from pipeline.process.openmp import release_thread_workers
+from pipeline.samples.versions import staleness_metrics
 from pipeline.stages.context import RolloutContext
 from pipeline.stages.train import sync_trained_weights
 
@@ -49,7 +49,7 @@ logger = logging.getLogger(__name__)
 
 
 class Pipeline(Protocol):
-    """What the loop uses of `pipeline.runner.Pipeline` (a protocol, so this module does not
+    """What the loop uses of `pipeline.loop.runner.Pipeline` (a protocol, so this module does not
     import the runner, which imports it)."""
 
     stages: tuple[tuple[str, Callable[..., None]], ...]
@@ -77,7 +77,7 @@ def _train(trainer: Any, ctx: RolloutContext) -> tuple[dict[str, Any], float]:
         metrics = trainer.train(ctx.rollout_id, ctx.train_data) if ctx.train_data is not None else {}
     finally:
         # this thread idles until the next job: its OpenMP workers would cut the decode
-        # thread's spin-wait meanwhile (pipeline.openmp)
+        # thread's spin-wait meanwhile (pipeline.process.openmp)
         release_thread_workers()
     return dict(metrics), time.perf_counter() - start
 
@@ -92,7 +92,7 @@ class AsyncTrainLoop:
             raise ValueError(f"train_async: true needs the train stage; the stages are {names}")
         cut = names.index("train")
         self.before, self.after = pipeline.stages[:cut], pipeline.stages[cut + 1:]
-        self.trainer = pipeline.parts.plugin("trainer")
+        self.trainer = self.pipeline.parts.plugin("trainer")
         if self.trainer is None:
             raise ValueError("train_async: true needs a trainer (trainer=policy_gradient or trainer=function)")
         self.bound = int(pipeline.schedule.max_weight_staleness)

@@ -1,4 +1,4 @@
-"""Build a run's parts from the plugin table (`pipeline.plugins.SLOTS`), one row at a time.
+"""Build a run's parts from the plugin table (`pipeline.config.plugins.SLOTS`), one row at a time.
 
 Each row's node is built in table order with the runtime parts its signature names (engine,
 tokenizer, reward, args, ...); parts that are rows of their own and marked `on_demand` (the
@@ -15,11 +15,11 @@ import os
 from collections.abc import Mapping
 from typing import Any, Callable
 
-from pipeline.config import SlimeArgs
+from pipeline.config.args import SlimeArgs
 from pipeline.engines.assets import load_tokenizer, resolve_checkpoint
-from pipeline.plugins import SLOTS, ConfigError, Slot, accepted_keywords, build, check_call, load_object, target_of
+from pipeline.config.plugins import SLOTS, ConfigError, Slot, accepted_keywords, build, check_call, load_object, target_of
 from pipeline.rollout.sample_hooks import SampleHooks
-from pipeline.runner import Schedule
+from pipeline.loop.runner import Schedule
 from pipeline.stages import STAGES, StageParts
 from pipeline.stages.train import restore_trainer
 
@@ -37,7 +37,7 @@ def run_slots(plain: Mapping[str, Any], allowed: tuple[str, ...] | None) -> tupl
     for i, slot in enumerate(extra):
         if not isinstance(slot, Slot):
             raise ConfigError(f"extra_slots[{i}]: {plain['extra_slots'][i]!r} is a {type(slot).__name__}; "
-                              f"expected a pipeline.plugins.Slot")
+                              f"expected a pipeline.config.plugins.Slot")
     return SLOTS + extra
 
 

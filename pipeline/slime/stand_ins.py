@@ -5,7 +5,7 @@ rollout function or dynamic filter with `from slime.rollout.base_types import ..
 `from slime.rollout.filter_hub.base_types import DynamicFilterOutput`). slime is a training
 framework with GPU dependencies, so it is rarely installed beside this pipeline; those imports
 would then fail before the function runs. `install()` (called before any plugin is imported,
-pipeline/plugins.py) registers an import finder that serves exactly these modules with this
+pipeline/config/plugins.py) registers an import finder that serves exactly these modules with this
 pipeline's equal types (docs/contracts.md §1, §6, §8):
 
     slime.utils.types                   Sample
@@ -53,7 +53,7 @@ SLIME_NEEDS = (f"slime's source on PYTHONPATH (PYTHONPATH=<your slime checkout> 
 
 # module -> {name: "pipeline.module:attribute"}; packages on the way are served empty
 STAND_INS: dict[str, dict[str, str]] = {
-    "slime.utils.types": {"Sample": "pipeline.sample:Sample"},
+    "slime.utils.types": {"Sample": "pipeline.samples.sample:Sample"},
     "slime.rollout.base_types": {"RolloutFnTrainOutput": "pipeline.rollout.contracts:RolloutFnTrainOutput",
                                  "RolloutFnEvalOutput": "pipeline.rollout.contracts:RolloutFnEvalOutput"},
     "slime.rollout.filter_hub.base_types": {"DynamicFilterOutput": "pipeline.rollout.contracts:DynamicFilterOutput"},
@@ -76,14 +76,14 @@ class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         served = ", ".join(sorted(STAND_INS))
         raise ModuleNotFoundError(
             f"No module named {fullname!r}: slime is not installed here. rollout-pipeline stands in for "
-            f"slime's type modules only ({served}; pipeline/slime_compat.py); to run slime's own plugins "
+            f"slime's type modules only ({served}; pipeline/slime/stand_ins.py); to run slime's own plugins "
             f"unchanged put {SLIME_NEEDS}", name=fullname)
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
         return None  # the default module object
 
     def exec_module(self, module: types.ModuleType) -> None:
-        module.__doc__ = f"rollout-pipeline's stand-in for slime's {module.__name__} (pipeline/slime_compat.py)"
+        module.__doc__ = f"rollout-pipeline's stand-in for slime's {module.__name__} (pipeline/slime/stand_ins.py)"
         for name, where in STAND_INS.get(module.__name__, {}).items():
             module_name, _, attribute = where.partition(":")
             setattr(module, name, getattr(importlib.import_module(module_name), attribute))
@@ -126,7 +126,7 @@ def slime_sample_class() -> type | None:
     """slime's own `slime.utils.types.Sample` when the real slime is importable, else None
     (slime absent, or served by the stand-ins, whose Sample is ours)."""
     if not _sample_class:
-        ours = importlib.import_module("pipeline.sample").Sample
+        ours = importlib.import_module("pipeline.samples.sample").Sample
         try:
             cls = getattr(importlib.import_module("slime.utils.types"), "Sample", None)
         except ImportError:

@@ -6,8 +6,8 @@
 * Signature inspection (`signature_of`, `accepts`, `accepted_keywords`, `positional_count`).
 * `SLOTS`, the table of plugin roles (at the end of this module): one `Slot` per config
   key naming a plugin, saying how it is built, which runtime parts it may receive, and how the
-  pipeline calls it. `pipeline.parts.build_parts` builds the run from it and
-  `pipeline.config_rules` checks the config against it.
+  pipeline calls it. `pipeline.loop.parts.build_parts` builds the run from it and
+  `pipeline.config.rules` checks the config against it.
 * Declared requirements: a plugin class or function may carry `plugin_requires` (a tuple of
   `Needs`) and `plugin_provides` (a frozenset of capability names, e.g. {"buffer"}); the
   pre-flight check reads them, so a new plugin declares what it needs where it is defined.
@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline import slime_compat
+from pipeline.slime import stand_ins
 
 __all__ = [
     "Call", "ConfigError", "Needs", "PluginImportError", "Slot", "TargetNotAllowedError",
@@ -165,7 +165,7 @@ def load_object(path: str, allowed: Iterable[str] | None = None, where: str = ""
     if allowed is not None:
         check_allowed(path, allowed, where)
     module_name, _, attr = path.rpartition(".")
-    slime_compat.install()  # `from slime.utils.types import Sample` in a slime plugin, without slime
+    stand_ins.install()  # `from slime.utils.types import Sample` in a slime plugin, without slime
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # any import-time failure is the user's plugin failing
@@ -205,20 +205,20 @@ def _import_hint(exc: BaseException, top: str) -> str:
         return (f"; Python finds no package {top!r}: put the folder that holds it on PYTHONPATH "
                 f"(PYTHONPATH=<folder> python run.py ..., also when resuming) or pip install it")
     missing = exc.name.split(".")[0]
-    if missing == top or exc.name.startswith("slime.") and slime_compat.installed():
+    if missing == top or exc.name.startswith("slime.") and stand_ins.installed():
         return ""  # a module of the plugin's own package (or the stand-in's refusal, which says it all)
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<")]
     origin = f"{frames[-1].filename} line {frames[-1].lineno}" if frames else f"a module of {top!r}"
     hint = (f"; {origin} imports {exc.name!r}, which is not installed in this environment: pip install {missing} "
             f"(or the distribution that provides it)")
     if top == "slime":
-        hint += f"; slime's own plugins need {slime_compat.SLIME_NEEDS}"
+        hint += f"; slime's own plugins need {stand_ins.SLIME_NEEDS}"
     return hint
 
 
 def _check_origin(obj: Any, path: str, allowed: Iterable[str], where: str) -> None:
     """Refuse an allowed-looking path that resolves to a module, function or class defined outside
-    the allowlist (`pipeline.app.os.system` is `posix.system`)."""
+    the allowlist (`pipeline.run.app.os.system` is `posix.system`)."""
     if inspect.ismodule(obj):
         origin = obj.__name__
     elif callable(obj) and isinstance(getattr(obj, "__module__", None), str) and hasattr(obj, "__qualname__"):
@@ -431,7 +431,7 @@ SLOTS: tuple[Slot, ...] = (
           doc="edits the train data before it is written"),
     Slot("stage", "extra_stages", "stages", (Call("fn(ctx, parts) -> None", (2,)),),
          doc="per-rollout stages of your own, after the built-in stage each names"),
-    Slot("slot", "extra_slots", "slots", doc="rows of your own (pipeline.plugins.Slot objects by dotted path)"),
+    Slot("slot", "extra_slots", "slots", doc="rows of your own (pipeline.config.plugins.Slot objects by dotted path)"),
 )
 
 SLOTS_BY_NAME: dict[str, Slot] = {slot.name: slot for slot in SLOTS}

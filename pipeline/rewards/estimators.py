@@ -1,5 +1,5 @@
 """The advantage estimators and grouping modes by name (docs/contracts.md §7), without torch:
-the pre-flight check (`pipeline.config_rules`) reads them before anything heavy is imported;
+the pre-flight check (`pipeline.config.rules`) reads them before anything heavy is imported;
 `pipeline.stages.rewards` computes with them."""
 
 from __future__ import annotations

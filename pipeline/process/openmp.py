@@ -21,7 +21,7 @@ the weight sync; without it, generation after a training step ran 1.5x slower) a
 asynchronous trainer's thread after each job (the decode thread then spins alone).
 
 libgomp reads its settings once, when torch loads it. `configure_openmp_wait` therefore runs
-before the pipeline imports torch (`pipeline.app.run`, before pre-flight loads the plugins). It
+before the pipeline imports torch (`pipeline.run.app.run`, before pre-flight loads the plugins). It
 does nothing when the environment already sets `GOMP_SPINCOUNT` or `OMP_WAIT_POLICY` (the
 environment wins: the test suite runs PASSIVE), or when torch is already loaded in this process.
 Ray replicas get the variable through their runtime env (`pipeline.engines.ray_pool`).

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.overrides import hydra_quoted, is_sweep_override
-from pipeline.plugins import ConfigError
-from pipeline.run_lock import LOCK_FILE, acquire, release
-from pipeline.run_record import RECORD_FILE, merge_overrides, override_key, upgrade_overrides
+from pipeline.run.overrides import hydra_quoted, is_sweep_override
+from pipeline.config.plugins import ConfigError
+from pipeline.run.run_lock import LOCK_FILE, acquire, release
+from pipeline.run.run_record import RECORD_FILE, merge_overrides, override_key, upgrade_overrides
 
 __all__ = ["SWEEP_FILE", "is_sweep_dir", "job_dirs", "sweep_resume_argv"]
 

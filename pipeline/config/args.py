@@ -1,7 +1,7 @@
 """Config plumbing: the pre-flight validator and the slime `args` view.
 
 * `validate(cfg)` checks the whole config once, before anything heavy is built (the rules are
-  in `pipeline.config_rules`; plugins are loaded and built by `pipeline.plugins`).
+  in `pipeline.config.rules`; plugins are loaded and built by `pipeline.config.plugins`).
 * `SlimeArgs` is the read-only attribute namespace with slime's names handed to plugins.
 """
 
@@ -13,10 +13,10 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from pipeline.config_rules import collect_problems, collect_warnings
+from pipeline.config.rules import collect_problems, collect_warnings
 from pipeline.engines.assets import CheckpointError, resolve_checkpoint
-from pipeline.overrides import added_key_typos, command_line_overrides
-from pipeline.plugins import ConfigError
+from pipeline.run.overrides import added_key_typos, command_line_overrides
+from pipeline.config.plugins import ConfigError
 from pipeline.serving.args import SERVED_ARGS, ServingArgs
 
 __all__ = ["ConfigError", "SlimeArgs", "missing_arg_message", "to_plain", "to_plain_lenient", "validate"]
@@ -200,7 +200,7 @@ def validate(cfg: Any, overrides: list[str] | None = None) -> None:
 
     First (the top of the run log, and the console) it warns about each `+key` of the command-line
     `overrides` (default: the running Hydra job's) that is a small edit from a known key
-    (`pipeline.overrides.added_key_typos`): Hydra suggests `+key` for a mistyped key, and the run
+    (`pipeline.run.overrides.added_key_typos`): Hydra suggests `+key` for a mistyped key, and the run
     would then go on at the default."""
     plain = to_plain_lenient(cfg)
     for warning in added_key_typos(command_line_overrides() if overrides is None else overrides, plain,

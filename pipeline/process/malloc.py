@@ -18,7 +18,7 @@ memory it freed (its resident size stays near its peak; +0.4 GB on that run).
 Threads other than the main one keep their own glibc arenas, whose blocks above 64 MB still
 come from `mmap`.
 
-Set for the duration of a run (`pipeline.app.run`; glibc applies it to later allocations) and put
+Set for the duration of a run (`pipeline.run.app.run`; glibc applies it to later allocations) and put
 back to glibc's default values when the run ends, so an in-process caller (a notebook, the test
 suite) gets its process back as it was, except that glibc's adaptive mmap threshold stays where
 it was then. It is left alone where the environment sets one of `ENV_KEYS` (glibc read it at

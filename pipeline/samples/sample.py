@@ -10,8 +10,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.sample_versions import as_version, call_versions, extend_runs
-from pipeline.sample_meta import (LazyRecord, PrefixCacheInfo, SampleStatus, SpecInfo, StatusAttribute,
+from pipeline.samples.versions import as_version, call_versions, extend_runs
+from pipeline.samples.meta import (LazyRecord, PrefixCacheInfo, SampleStatus, SpecInfo, StatusAttribute,
                                   routed_experts_rows, top_p_spans)
 
 __all__ = ["Sample"]
@@ -135,7 +135,7 @@ class Sample:
         its type length/abort/stop sets the status, `weight_version` is appended to
         `weight_versions` (after any other version of `token_weight_versions`, one version per new
         token, which also extends `metadata["weight_version_runs"]`, see
-        `pipeline.sample_versions`), and the prefix-cache counters are added, and the speculative-decoding
+        `pipeline.samples.versions`), and the prefix-cache counters are added, and the speculative-decoding
         ones too when `args.sglang_speculative_algorithm` is set (only then, as slime: counters an engine
         reports without it are left out).
         Raises ValueError, changing nothing, when the lengths would disagree.

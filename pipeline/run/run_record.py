@@ -7,7 +7,7 @@
   `{"rollout_id", "time", "changes": {key: [stored, requested]}, "accepted_by"}`.
 
 `resume=<run dir>` recomposes the stored overrides plus the new ones (`merge_overrides`, done by
-`pipeline.session` before Hydra composes) and `check_resume_config` diffs the result against the
+`pipeline.run.session` before Hydra composes) and `check_resume_config` diffs the result against the
 stored config: keys under `resume_safe_keys` (conf/config.yaml) may change, any other difference
 needs `allow_config_change=true`. A difference no override of this command asked for is an
 *upgrade* (a key the project added since the run was written, or a default it changed): logged
@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.atomic import atomic_write_text
-from pipeline.plugins import ConfigError
+from pipeline.process.atomic import atomic_write_text
+from pipeline.config.plugins import ConfigError
 from pipeline.sinks.redact import REDACTED, redact, redact_text
 
 __all__ = ["CHANGES_FILE", "MOVED_ENTRY_KEYS", "MOVED_KEYS", "OPT_IN", "RECORD_FILE", "SessionOverrides",
