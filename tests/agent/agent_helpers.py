@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import random
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 from omegaconf import OmegaConf
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rollout"))
+import rollout_helpers  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -21,30 +24,17 @@ def agent_settings(**over: Any) -> dict[str, Any]:
 
 
 def make_args(**over: Any) -> SimpleNamespace:
-    """slime-named args with the run config's defaults plus overrides (the allowlist included)."""
-    base = dict(
-        rollout_batch_size=4, n_samples_per_prompt=2, over_sampling_batch_size=None,
-        rollout_temperature=1.0, rollout_top_p=1.0, rollout_top_k=-1, rollout_max_response_len=256,
-        rollout_stop=[], rollout_stop_token_ids=[], reward_key=None, eval_reward_key=None,
-        partial_rollout=False, mask_offpolicy_in_partial_rollout=False, n_samples_per_eval_prompt=1,
-        input_key="input", label_key="label", seed=1234, eval_prompt_data=None,
-        allowed_targets=["pipeline.", "builtins.dict", "builtins.list", "functools.partial"],
-        allowed_targets_extra=["tests."], apply_chat_template_kwargs={},
-    )
-    base.update(over)
-    if base["over_sampling_batch_size"] is None:
-        base["over_sampling_batch_size"] = base["rollout_batch_size"]
-    return SimpleNamespace(**base)
+    """The rollout tests' slime-named args (tests/rollout/rollout_helpers.py) with the allowlist
+    the agent's tool paths go through, plus overrides."""
+    allow = dict(allowed_targets=["pipeline.", "builtins.dict", "builtins.list", "functools.partial"],
+                 allowed_targets_extra=["tests."], apply_chat_template_kwargs={})
+    return rollout_helpers.make_args(**{**allow, **over})
 
 
-def write_questions(path: Path, n: int, seed: int = 0) -> Path:
-    """`n` rows {"input": "What is a + b?", "label": "a+b"}."""
-    rng = random.Random(seed)
-    with open(path, "w") as f:
-        for _ in range(n):
-            a, b = rng.randint(1, 50), rng.randint(1, 50)
-            f.write(json.dumps({"input": f"What is {a} + {b}?", "label": str(a + b)}) + "\n")
-    return path
+# the rollout tests' `n` rows {"input": "What is a + b?", "label": "a+b"}
+write_questions = rollout_helpers.write_prompts
+# 1.0 when the last \\boxed{} of the response equals the label (the dispatcher's shape)
+BoxedReward = rollout_helpers.BoxedReward
 
 
 def turns_engine(turns: list[str], **kw: Any):
@@ -93,15 +83,3 @@ def spans_ok(sample: Any) -> None:
         if kind == "tool":
             assert lps == [0.0] * n
         pos += n
-
-
-class BoxedReward:
-    """1.0 when the last \\boxed{} of the response equals the label (the dispatcher's shape)."""
-
-    async def score(self, args: Any, samples: list[Any]) -> list[float]:
-        import re
-        out = []
-        for s in samples:
-            found = re.findall(r"\\boxed\{([^}]*)\}", s.response)
-            out.append(1.0 if found and found[-1].strip() == str(s.label) else 0.0)
-        return out
