@@ -110,6 +110,10 @@ MODULES: dict[str, tuple[list[str], list[str] | None]] = {
                                            "tests/train/test_policy_gradient_parallel.py",
                                            "tests/train/test_train_sync.py"], None),
     # the trainer state folder: safetensors + JSON, atomically; counters, optimizer, random streams
+    # the report's constant series and merged panels (the drawing itself is pinned by tests/test_report.py)
+    "pipeline/report/shape.py": (["tests/test_report_shape.py"], None),
+    # the disk estimate and the pruning of trainer states (trainer.keep_states)
+    "pipeline/train/disk.py": (["tests/train/test_disk.py"], None),
     "pipeline/train/state.py": (["tests/train/test_state.py", "tests/train/test_policy_gradient.py",
                                  "tests/train/test_distributed_fast.py"], None),
     # AdamW and the warm-up / decay schedule

@@ -177,3 +177,104 @@ def test_real_model_run_logs_the_estimate_keeps_states_resumes_and_reports_train
     assert sorted(p.name for p in (run / "trainer").iterdir()) == ["rollout_2", "rollout_3"]
     plotted = json.loads(write_report(run)["json"].read_text())["plotted"]
     assert {"train/loss", "train/grad_norm", "train/lr", "train/weight_version"} <= set(plotted), plotted
+
+
+def test_human_bytes_counts_in_powers_of_1000():
+    h = disk.human_bytes
+    assert [h(0), h(999), h(1000), h(1500), h(999_499), h(1_000_000)] == ["0 B", "999 B", "1 KB", "1.5 KB",
+                                                                         "999 KB", "1 MB"]
+    assert [h(1.61e9), h(2e12), h(3.5e15)] == ["1.61 GB", "2 TB", "3.5e+03 TB"]
+    assert h(12.7) == "12 B", "bytes are whole"
+
+
+def _fixed(monkeypatch, lora_rank: int, free: int) -> disk.DiskEstimate:
+    est = disk.DiskEstimate(trainable_params=134_515_008, total_params=134_515_008, state_bytes=1_614_000_000,
+                            export_bytes=546_000_000, keep_states=2, free_bytes=free)
+    monkeypatch.setattr(disk, "estimate_disk", lambda keys, run_dir: est)
+    return est
+
+
+def test_the_logged_line_and_the_warning_word_for_word(monkeypatch, caplog):
+    keys = {"lora_rank": 0}
+    _fixed(monkeypatch, 0, free=76_600_000_000)
+    with caplog.at_level(logging.INFO, logger="pipeline.train.disk"):
+        disk.log_disk_estimate(keys, "/runs/r")
+    [line] = [r.getMessage() for r in caplog.records]
+    assert line == ("disk: each trainer state takes ~1.61 GB (134.5M trainable parameters + AdamW moments, float32), "
+                    "the final policy export ~546 MB; trainer.keep_states=2, so the run dir holds up to 5.39 GB for "
+                    "them (3 states while the newest is written, + the export); 76.6 GB free on /runs/r")
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="pipeline.train.disk"):
+        disk.log_disk_estimate({"lora_rank": 4}, "/runs/r")
+    assert "(134.5M trainable LoRA adapters + AdamW moments" in caplog.records[0].getMessage()
+    caplog.clear()
+    monkeypatch.setattr(disk, "estimate_disk", lambda keys, run_dir: disk.DiskEstimate(1_050_000, 134_515_008, 1, 1, 1, 9))
+    with caplog.at_level(logging.INFO, logger="pipeline.train.disk"):
+        disk.log_disk_estimate({"lora_rank": 4}, "/runs/r")
+    assert "(1.1M trainable LoRA adapters" in caplog.records[0].getMessage(), "millions of parameters"
+    caplog.clear()
+    est = _fixed(monkeypatch, 0, free=5_388_000_000)  # exactly what it needs: no warning
+    assert est.most_bytes == est.free_bytes
+    with caplog.at_level(logging.INFO, logger="pipeline.train.disk"):
+        disk.log_disk_estimate({"lora_rank": 1}, "/runs/r")
+    assert [r.levelno for r in caplog.records] == [logging.INFO]
+    assert "trainable LoRA adapters" in caplog.records[0].getMessage(), "rank 1 is LoRA"
+    caplog.clear()
+    _fixed(monkeypatch, 0, free=5_387_999_999)
+    with caplog.at_level(logging.INFO, logger="pipeline.train.disk"):
+        disk.log_disk_estimate(keys, "/runs/r")
+    assert caplog.records[1].getMessage() == (
+        "disk: the trainer states and the policy export may need 5.39 GB but /runs/r has 5.39 GB free; lower "
+        "trainer.keep_states, raise save_interval or free space (docs/training.md, \"Disk use\")")
+
+
+def test_the_estimate_reads_the_checkpoint_through_the_cache_and_the_free_space_of_the_nearest_folder(
+        tmp_path, monkeypatch):
+    ckpt = _tiny_checkpoint(tmp_path / "ckpt")
+    asked: list = []
+    real_resolve = disk.resolve_checkpoint
+    monkeypatch.setattr(disk, "resolve_checkpoint", lambda name, cache: asked.append((name, cache)) or
+                        real_resolve(name, cache))
+    monkeypatch.setattr(disk.shutil, "disk_usage", lambda p: asked.append(p) or shutil._ntuple_diskusage(9, 1, 8))
+    (tmp_path / "outputs").mkdir()
+    est = estimate_disk({**_keys(ckpt), "cache_dir": str(tmp_path / "cache")}, str(tmp_path / "outputs" / "a" / "b"))
+    assert asked == [(str(ckpt), str(tmp_path / "cache")), (tmp_path / "outputs").resolve()]
+    assert est.free_bytes == 8
+    # the export: 4 bytes per parameter, the copied tokenizer files and a fixed overhead on top
+    assert est.export_bytes == 4 * est.total_params + disk._EXPORT_OVERHEAD + sum(
+        (ckpt / n).stat().st_size for n in disk.TOKENIZER_FILES if (ckpt / n).is_file())
+
+
+def test_prune_protects_the_newest_checkpoints_state_even_when_older_than_the_kept_ones(tmp_path, monkeypatch):
+    for i in range(6):
+        (tmp_path / "trainer" / f"rollout_{i}").mkdir(parents=True)
+    _checkpoint(tmp_path, 2)  # resumes continue from 2 (3..5 were written after it, by a run killed since)
+    assert prune_states(str(tmp_path), 1, writing=5) == [tmp_path / "trainer" / f"rollout_{i}" for i in (0, 1, 3, 4)]
+    assert _states(tmp_path) == ["rollout_2", "rollout_5"]
+    # no checkpoints: the newest state older than the one being written stays, whatever their number
+    for i in (0, 1, 3, 4):
+        (tmp_path / "trainer" / f"rollout_{i}").mkdir()
+    shutil.rmtree(tmp_path / "checkpoints")
+    prune_states(str(tmp_path), 1, writing=5)
+    assert _states(tmp_path) == ["rollout_4", "rollout_5"]
+
+
+def test_prune_leaves_what_is_not_a_state_folder(tmp_path):
+    for i in range(3):
+        (tmp_path / "trainer" / f"rollout_{i}").mkdir(parents=True)
+    (tmp_path / "trainer" / "notes").mkdir()
+    (tmp_path / "trainer" / "rollout_9").write_text("a file, not a state")
+    assert prune_states(str(tmp_path), 1, writing=2) == [tmp_path / "trainer" / "rollout_0"]
+    assert sorted(p.name for p in (tmp_path / "trainer").iterdir()) == ["notes", "rollout_1", "rollout_2", "rollout_9"]
+
+
+def test_a_state_that_cannot_be_removed_does_not_stop_the_run(tmp_path, monkeypatch):
+    for i in range(3):
+        (tmp_path / "trainer" / f"rollout_{i}").mkdir(parents=True)
+
+    def rmtree(path, ignore_errors=False):
+        if not ignore_errors:
+            raise PermissionError(f"read-only: {path}")
+
+    monkeypatch.setattr(disk.shutil, "rmtree", rmtree)
+    assert prune_states(str(tmp_path), 1, writing=2) == [tmp_path / "trainer" / "rollout_0"]
