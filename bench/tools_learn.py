@@ -22,6 +22,7 @@ Usage: python bench/tools_learn.py [--seeds 1,2,3] [--minutes 15] [--experiments
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import signal
@@ -42,8 +43,9 @@ KEY = "eval/tools"
 GRACE_S = 180
 
 
+@functools.cache
 def _learn() -> Any:
-    """bench/learn.py (its run.log clock)."""
+    """bench/learn.py (its run.log clock), loaded once."""
     spec = importlib.util.spec_from_file_location("bench_learn", ROOT / "bench" / "learn.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)  # type: ignore[union-attr]

@@ -12,9 +12,6 @@ _NEVER_READ = "the initial value is replaced by the first order() call before an
 _HUGE_N = "the int32/int64 switch only differs at 2**31 rows or more, which no test can build"
 
 EQUIVALENT: dict[str, str] = {
-    # pipeline/train/disk.py
-    **{f"pipeline.train.disk.x_prune_states__mutmut_{i}": "keep 0 (refused by pre-flight anyway) slices "
-       "found[:-0], which is empty: the same nothing-to-remove as the guard's []" for i in (34, 37)},
     # pipeline/data/order.py
     "pipeline.data.order.xǁEpochOrderǁ__init____mutmut_8": "the 'no epoch yet' sentinel only has to differ from every int",
     "pipeline.data.order.xǁEpochOrderǁ__init____mutmut_9": _NEVER_READ,
@@ -107,7 +104,7 @@ EQUIVALENT: dict[str, str] = {
         "the temporary umask is set back on the next line and its value is never used: any value reads the old mask"),
     **{f"pipeline.process.atomic.x_make_temp__mutmut_{i}": "the fchmod failed right after mkstemp made the file, so it exists "
        "and missing_ok is never needed" for i in (15, 17)},
-    "pipeline.process.atomic.x_prune_numbered_dirs__mutmut_4": (
+    "pipeline.process.atomic.x_prune_numbered_dirs__mutmut_1": (
         "keep < 0 instead of <= 0: with keep = 0 the slice found[:-0] is empty, so nothing is removed either way"),
     "pipeline.process.atomic.x_atomic_write_text__mutmut_7": "codec names are case-insensitive: 'UTF-8' is 'utf-8'",
     # pipeline/rollout/dynamic_filters.py

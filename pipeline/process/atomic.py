@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 __all__ = ["atomic_dir", "atomic_write_bytes", "atomic_write_text", "file_mode", "follow_umask", "make_temp",
-           "prune_numbered_dirs", "remove_stale_temp_dirs"]
+           "numbered_dirs", "prune_numbered_dirs", "remove_stale_temp_dirs"]
 
 
 def _umask() -> int:
@@ -123,15 +123,23 @@ def remove_stale_temp_dirs(parent: str | os.PathLike[str], name_glob: str) -> li
     return stale
 
 
-def prune_numbered_dirs(parent: str | os.PathLike[str], name: re.Pattern[str], keep: int) -> list[Path]:
-    """Delete all but the `keep` highest-numbered folders in `parent` whose names fully match
-    `name` (its first group is the number, e.g. `rollout_(-?\\d+)`); returns what was removed.
-    Other entries are left alone; `keep <= 0` removes nothing."""
+def numbered_dirs(parent: str | os.PathLike[str], name: re.Pattern[str]) -> list[tuple[int, Path]]:
+    """(number, path) of the folders in `parent` whose names fully match `name` (its first group
+    is the number, e.g. `rollout_(-?\\d+)`), lowest number first; [] when `parent` is missing."""
     folder = Path(parent)
-    if keep <= 0 or not folder.is_dir():
+    if not folder.is_dir():
         return []
-    found = sorted((int(m[1]), p) for p in folder.iterdir() if (m := name.fullmatch(p.name)) and p.is_dir())
-    old = [p for _, p in found[:-keep]]
+    return sorted((int(m[1]), p) for p in folder.iterdir() if (m := name.fullmatch(p.name)) and p.is_dir())
+
+
+def prune_numbered_dirs(parent: str | os.PathLike[str], name: re.Pattern[str], keep: int,
+                        protect: int | None = None) -> list[Path]:
+    """Delete all but the `keep` highest-numbered folders in `parent` whose names fully match
+    `name` (`numbered_dirs`), and never the one numbered `protect`; returns what was removed.
+    Other entries are left alone; `keep <= 0` removes nothing."""
+    if keep <= 0:
+        return []
+    old = [p for i, p in numbered_dirs(parent, name)[:-keep] if i != protect]
     for path in old:
         shutil.rmtree(path, ignore_errors=True)
     return old

@@ -30,6 +30,7 @@ import torch
 
 from pipeline.data.checkpoint import list_checkpoints
 from pipeline.engines.assets import resolve_checkpoint
+from pipeline.process.atomic import numbered_dirs, prune_numbered_dirs
 from pipeline.train.model import TOKENIZER_FILES, wrap_lora
 
 __all__ = ["DiskEstimate", "count_parameters", "estimate_disk", "human_bytes", "log_disk_estimate",
@@ -136,16 +137,10 @@ def prune_states(run_dir: str, keep: int, writing: int | None = None) -> list[Pa
     data source with its own save_dir: the newest state older than `writing`, the one being
     saved); returns what was removed."""
     root = Path(run_dir) / "trainer"
-    if not root.is_dir():
-        return []
-    found = sorted((int(m[1]), p) for p in root.iterdir() if (m := _NAME.fullmatch(p.name)) and p.is_dir())
     checkpoints = list_checkpoints(Path(run_dir) / "checkpoints")
     if checkpoints:
         protected: int | None = checkpoints[-1][0]
     else:
-        older = [i for i, _ in found if writing is None or i < writing]
+        older = [i for i, _ in numbered_dirs(root, _NAME) if writing is None or i < writing]
         protected = older[-1] if older else None
-    old = [p for i, p in found[:-keep] if i != protected] if keep > 0 else []
-    for path in old:
-        shutil.rmtree(path, ignore_errors=True)
-    return old
+    return prune_numbered_dirs(root, _NAME, keep, protect=protected)
