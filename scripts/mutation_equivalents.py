@@ -270,4 +270,8 @@ EQUIVALENT: dict[str, str] = {
     "pipeline.run.overrides.x_edit_distance__mutmut_1": (
         "`before`'s first value is never read: the swap branch needs i > 1, and by then `before` is the row "
         "before `prev`"),
+    # pipeline/train/distributed/gloo_comm.py
+    **{f"pipeline.train.distributed.gloo_comm.xǁ{cls}ǁ__call____mutmut_1": "the default of async_op is never "
+       "read: both comms run synchronously and return None whatever it is"
+       for cls in ("BroadcastAllGather", "AllReduceScatter")},
 }

@@ -30,7 +30,7 @@ _NON_NEGATIVE = ("lr", "min_lr", "weight_decay", "clip_grad", "eps_clip", "entro
 # where it trains (trainer.num_workers > 1: Ray workers in one torch.distributed process group)
 _WHERE_CHOICES = {"strategy": ("fsdp2", "ddp"), "device": devices.DEVICES, "backend": devices.BACKENDS,
                   "placement_strategy": ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"),
-                  "param_dtype": ("float32", "bfloat16")}
+                  "param_dtype": ("float32", "bfloat16"), "gloo_collectives": ("broadcast", "native")}
 _POSITIVE_NUMBERS = ("num_cpus_per_worker", "collective_timeout_s")
 _HF_ENGINE = "pipeline.engines.hf.HFEngine"
 _RAY_ENGINE = "pipeline.engines.ray_pool.RayEngine"

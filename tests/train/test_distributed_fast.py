@@ -201,6 +201,8 @@ def test_a_layer_class_the_model_lacks_is_refused_naming_its_layer_classes():
     ({"strategy": "zero3"}, "trainer.strategy must be one of ['fsdp2', 'ddp'], got 'zero3'"),
     ({"strategy": "fsdp2", "param_dtype": "float16"},
      "trainer.param_dtype must be one of ['float32', 'bfloat16'], got 'float16'"),
+    ({"strategy": "fsdp2", "gloo_collectives": "ring"},
+     "trainer.gloo_collectives must be one of ['broadcast', 'native'], got 'ring'"),
     ({"strategy": "ddp", "param_dtype": "bfloat16"},
      "trainer.param_dtype=bfloat16 needs trainer.strategy=fsdp2 (FSDP2's mixed precision); with ddp use "
      "trainer.bf16=true (autocast)"),
@@ -791,12 +793,13 @@ def test_build_makes_the_trainer_on_the_workers_device_and_counts_its_own_shard(
     monkeypatch.setattr(worker_module, "TorchParallel", Recording)
     monkeypatch.setattr(worker_module, "PolicyGradientTrainer", _StubTrainer)
     k = yaml_keys(device="cuda", strategy="fsdp2", fsdp_wrap_modules=("LlamaDecoderLayer",),
-                  fsdp_reshard_after_forward=False, param_dtype="bfloat16", seed=3)
+                  fsdp_reshard_after_forward=False, param_dtype="bfloat16", gloo_collectives="native", seed=3)
     w = TrainerWorker(0, 2, 1)
     # a local shard of 3 of its 6 elements and a replicated 4: 7 trainable parameters on this rank
     assert w.build(k, {"marker": 1}) == 7
     (args, kwargs), = made
-    assert args == ("fsdp2", torch.device("cuda", 0), ["LlamaDecoderLayer"], False, "bfloat16") and not kwargs
+    assert args == ("fsdp2", torch.device("cuda", 0), ["LlamaDecoderLayer"], False, "bfloat16",
+                    "native") and not kwargs
     t, = _StubTrainer.made
     assert t.built and w.trainer is t and t.keys == k and w.seed == 3
     assert isinstance(t.args_given, SlimeArgs) and t.args_given.marker == 1 and isinstance(t.parallel, Recording)

@@ -82,7 +82,7 @@ class TrainerWorker:
         device = torch.device("cuda", 0) if keys["device"] == "cuda" else torch.device("cpu")
         self.seed = int(keys["seed"])
         parallel = TorchParallel(strategy, device, list(wrap) if wrap else None, keys["fsdp_reshard_after_forward"],
-                                 keys["param_dtype"])
+                                 keys["param_dtype"], keys["gloo_collectives"])
         trainer = PolicyGradientTrainer(parallel=parallel, args=None if args is None else SlimeArgs(args), **keys)
         _ = trainer.optimizer  # the model loads, is sharded, and AdamW is built now
         if self.rank:
