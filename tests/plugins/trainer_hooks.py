@@ -76,3 +76,21 @@ def record_loss(args, batch, logits, sum_of_sample_mean):
     """custom loss: records what it got, then the SFT-like loss."""
     SEEN["loss"] = (args, dict(batch), logits.detach().clone())
     return sft_like_loss(args, batch, logits, sum_of_sample_mean)
+
+
+def nll_without_a_loss_metric(args, batch, logits, sum_of_sample_mean):
+    """custom loss: the SFT-like loss, reporting only `nll` (no `loss` metric)."""
+    loss, _ = sft_like_loss(args, batch, logits, sum_of_sample_mean)
+    return loss, {"nll": loss.detach()}
+
+
+def list_advantages(args, rollout_data):
+    """custom advantage: the reward on every token, as plain lists of Python floats."""
+    rollout_data["advantages"] = [[float(r)] * n for r, n in
+                                  zip(rollout_data["rewards"], rollout_data["response_lengths"])]
+
+
+def mask_blind_loss(args, batch, logits, sum_of_sample_mean):
+    """custom loss that reads no loss mask: a small L2 penalty on every logit it is given."""
+    loss = 1e-3 * logits.pow(2).mean()
+    return loss, {"loss": loss.detach()}

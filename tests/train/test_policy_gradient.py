@@ -505,3 +505,116 @@ def test_opsm_mismatch_metrics_and_icepop_by_slimes_names_in_the_trainer():
     t.bind_args(SlimeArgs({"allowed_targets": ["pipeline."]}))
     metrics = t.train(0, data)
     assert metrics["train/pg_loss"] == 0.0 and metrics["train/tis_clipfrac"] == pytest.approx(1.0)
+
+
+def test_each_steps_gradients_start_from_none(monkeypatch):
+    """zero_grad(set_to_none=True): no step holds the previous step's gradients while it runs
+    (their memory is free for the forward), and a parameter without a gradient is left to AdamW
+    as one (it skips it) rather than as zeros."""
+    t = trainer(global_batch_size=1)
+    seen = []
+    real = t.accumulate
+
+    def accumulate(prepared, indices, backward):
+        seen.append(all(p.grad is None for p in t.model.parameters()))
+        return real(prepared, indices, backward)
+
+    monkeypatch.setattr(t, "accumulate", accumulate)
+    t.train(0, train_data())
+    assert seen == [True] * 4  # 4 optimizer steps of one sample, the 2nd to 4th after a step's gradients
+
+
+def test_the_log_line_says_nan_for_a_custom_loss_without_a_loss_metric(caplog):
+    caplog.set_level("INFO", logger="pipeline.train.policy_gradient")
+    t = trainer(loss_type="custom_loss", custom_loss_function_path="tests.plugins.trainer_hooks.nll_without_a_loss_metric")
+    t.bind_args(SlimeArgs({"allowed_targets": ["pipeline."], "allowed_targets_extra": ["tests.plugins."]}))
+    metrics = t.train(2, train_data())
+    assert "train/loss" not in metrics and "train/nll" in metrics
+    assert caplog.messages == ["rollout 2: 1 optimizer step(s), loss nan, weight version 1"]
+
+
+def test_the_custom_loss_forward_is_one_padded_call_without_a_kv_cache_in_bfloat16(monkeypatch):
+    """One model call per micro-batch: right-padded ids with their attention mask, no KV cache
+    (use_cache=False: nothing kept for a later token), in bfloat16 autocast when bf16 is on even
+    where autocast's default dtype is another (CUDA's is float16: here set for the CPU)."""
+    t = trainer(loss_type="custom_loss", custom_loss_function_path="tests.plugins.trainer_hooks.sft_like_loss",
+                bf16=True, micro_batch_size=4)
+    t.bind_args(SlimeArgs({"allowed_targets": ["pipeline."], "allowed_targets_extra": ["tests.plugins."]}))
+    calls = []
+
+    def record(module, args, kwargs):
+        calls.append((dict(kwargs), torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu")))
+
+    prepared = t.prepare(train_data())  # (its old log-probs: the shared-prompt forward, not recorded)
+    handle = t.model.register_forward_pre_hook(record, with_kwargs=True)
+    default = torch.get_autocast_dtype("cpu")
+    torch.set_autocast_dtype("cpu", torch.float16)
+    try:
+        t.accumulate(prepared, [0, 1, 2, 3], backward=False)
+    finally:
+        torch.set_autocast_dtype("cpu", default)
+        handle.remove()
+    data = train_data()
+    (kwargs, dtype), = calls
+    width = max(len(x) for x in data["tokens"])
+    assert kwargs["use_cache"] is False and dtype == torch.bfloat16
+    assert kwargs["input_ids"].tolist() == [x + [0] * (width - len(x)) for x in data["tokens"]]
+    assert kwargs["attention_mask"].tolist() == [[1] * len(x) + [0] * (width - len(x)) for x in data["tokens"]]
+
+
+def test_advantages_are_float32_on_the_trainers_device_whatever_torchs_defaults():
+    """The reward per token, and a custom advantage hook's plain lists, become float32 tensors on
+    the trainer's device, not on torch's default device or in its default dtype (both changed
+    here: the meta device, float64)."""
+    allow = SlimeArgs({"allowed_targets": ["pipeline."], "allowed_targets_extra": ["tests.plugins."]})
+    for hook in (None, "tests.plugins.trainer_hooks.list_advantages"):
+        t = trainer(use_rollout_logprobs=True, custom_advantage_function_path=hook)
+        t.bind_args(allow)
+        _ = t.model
+        default = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float64)
+        try:
+            with torch.device("meta"):
+                prepared = t.prepare(train_data())
+        finally:
+            torch.set_default_dtype(default)
+        data = train_data()
+        assert all(a.device == t.device and a.dtype == torch.float32 for a in prepared.advantages), hook
+        assert [a.tolist() for a in prepared.advantages] == [[r] * n for r, n in zip(data["rewards"],
+                                                                                 data["response_lengths"])]
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_old_log_probs_compute_no_entropy_and_the_entropy_has_a_gradient_only_when_it_is_trained(
+        shared, monkeypatch):
+    from pipeline.train import policy_gradient as pg
+
+    asked = []
+    for name in ("shared_prompt_log_probs",):
+        real = getattr(pg, name)
+        monkeypatch.setattr(pg, name, lambda *a, _real=real, **k: (asked.append((a[4], k["entropy_grad"])),
+                                                                   _real(*a, **k))[1])
+    real_per_sample = pg.batches.response_log_probs
+    monkeypatch.setattr(pg.batches, "response_log_probs",
+                        lambda *a, **k: (asked.append((a[4], k["entropy_grad"])), real_per_sample(*a, **k))[1])
+    for coef in (0.0, 0.01):
+        asked.clear()
+        t = trainer(share_prompt_forward=shared, entropy_coef=coef, global_batch_size=2)
+        prepared = t.prepare(train_data(), first_step=[0, 1])  # old log-probs of samples 2 and 3
+        assert asked and all(with_entropy is False for with_entropy, _ in asked)
+        asked.clear()
+        _, entropy = t._log_probs(t.model, prepared.samples.tokens[:2], prepared.samples.response_lengths[:2], True)
+        assert asked == [(True, coef != 0.0)]
+        assert all(e.requires_grad == (coef != 0.0) for e in entropy)
+
+
+def test_one_process_makes_no_padding_passes(monkeypatch):
+    """Responses of one token need no response pass: one model call (the prompt pass) per
+    micro-batch, none to match a peer's count (there is none)."""
+    data = {"tokens": [[1, 5, 7], [1, 5, 9], [2, 4, 6]], "response_lengths": [1, 1, 1],
+            "loss_masks": [[1], [1], [1]], "rewards": [1.0, -1.0, 0.5]}
+    t = trainer(share_prompt_forward=True, micro_batch_size=4)
+    calls = []
+    t.model.register_forward_hook(lambda *_: calls.append(1))
+    t.train(0, data)
+    assert len(calls) == 1  # the first step's old log-probs are its own forward's: one call in all

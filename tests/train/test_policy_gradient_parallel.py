@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from pipeline.config.args import SlimeArgs
 from pipeline.train.distributed import shards
 from pipeline.train.parallel import Parallel
 from pipeline.train.policy_gradient import PolicyGradientTrainer
@@ -183,3 +184,72 @@ def test_gradients_sync_on_each_steps_last_micro_batch_only():
     t.train(0, train_data())
     # two steps of 2 samples: 2 micro-batches of its own and 4 empty ones each
     assert parallel.syncs == [False] * 5 + [True] + [False] * 5 + [True]
+
+
+def test_an_empty_micro_batch_lives_on_the_workers_device_in_float32():
+    """Its tensors are made where the worker computes (on CUDA: its GPU; here the meta device, one
+    that is not the default) and in float32 whatever torch's default dtype is."""
+    from pipeline.train.policy_gradient import _empty_micro_batch
+
+    t = plain(tiny_llama(), use_kl_loss=True)
+    prepared = t.prepare(train_data(with_rollout_log_probs=True))
+    meta = torch.device("meta")
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        batch, tokens = _empty_micro_batch(prepared, meta)
+    finally:
+        torch.set_default_dtype(default)
+    tensors = [*batch.loss_masks, *batch.advantages, *batch.old_log_probs, *batch.ref_log_probs,
+               *batch.rollout_log_probs]
+    assert all(x.device == meta and x.dtype == torch.float32 and x.shape == (1,) for x in tensors)
+    assert tokens[0].device == meta and tokens[0].dtype == torch.long and tokens[0].shape == (2,)
+
+
+def test_a_workers_empty_micro_batches_add_nothing_even_to_a_loss_that_reads_no_mask():
+    """Their loss is multiplied by 0 (not by the step's scale): a custom loss that ignores the
+    loss masks gets no gradient from them either."""
+    base = tiny_llama()
+    hook = dict(loss_type="custom_loss", custom_loss_function_path="tests.plugins.trainer_hooks.mask_blind_loss",
+                share_prompt_forward=True)
+    allow = SlimeArgs({"allowed_targets": ["pipeline."], "allowed_targets_extra": ["tests.plugins."]})
+    t = PolicyGradientTrainer(model=copy.deepcopy(base), parallel=PeerParallel(4, 0, shared=True), args=allow,
+                              **keys(**hook))
+    reference = PolicyGradientTrainer(model=copy.deepcopy(base), args=allow, **keys(**hook))
+    prepared, expected = t.prepare(train_data()), reference.prepare(train_data())
+    t.optimizer.zero_grad(set_to_none=True)
+    reference.optimizer.zero_grad(set_to_none=True)
+    t.accumulate(prepared, [0, 1, 2, 3], backward=True)  # 2 micro-batches of its own, 2 empty ones
+    reference.accumulate(expected, [0, 1, 2, 3], backward=True)
+    for (name, p), q in zip(t.model.named_parameters(), reference.model.parameters()):
+        assert torch.allclose(p.grad, q.grad, rtol=1e-10, atol=1e-14), name
+    # the old log-probs' shared pass agrees on the micro-batches and their response passes; the
+    # custom loss makes one plain forward per micro-batch: the peers agree on the count only
+    asked = t.parallel.asked
+    assert len(asked) == 3 and asked[0] == [2] and len(asked[1]) == 4 and asked[2] == [2]
+
+
+def test_empty_micro_batches_and_their_tokens_are_made_on_the_trainers_device(monkeypatch):
+    from pipeline.train import policy_gradient as pg
+
+    devices = []
+    real_tokens, real_batch = pg._empty_tokens, pg._empty_micro_batch
+    monkeypatch.setattr(pg, "_empty_tokens", lambda device: (devices.append(("tokens", device)),
+                                                             real_tokens(device))[1])
+    monkeypatch.setattr(pg, "_empty_micro_batch", lambda prepared, device: (devices.append(("batch", device)),
+                                                                            real_batch(prepared, device))[1])
+    t = PolicyGradientTrainer(model=tiny_llama(), parallel=PeerParallel(3), **keys(share_prompt_forward=False))
+    t.train(0, train_data())
+    assert ("tokens", t.device) in devices and ("batch", t.device) in devices
+    assert all(device == t.device for _, device in devices)
+
+
+def test_the_old_log_probs_of_empty_micro_batches_compute_no_entropy_either(monkeypatch):
+    t = PolicyGradientTrainer(model=tiny_llama(), parallel=PeerParallel(3), **keys(share_prompt_forward=False))
+    asked = []
+    real = t._log_probs
+    monkeypatch.setattr(t, "_log_probs", lambda model, tokens, lengths, with_entropy, passes=0: (
+        asked.append((len(tokens), with_entropy)), real(model, tokens, lengths, with_entropy, passes))[1])
+    t.prepare(train_data())  # its 2 micro-batches of 2, then 1 empty one for the peer's 3
+    assert asked == [(2, False), (2, False), (1, False)]
+    assert all(with_entropy is False for _, with_entropy in asked)
