@@ -126,7 +126,9 @@ MODULES: dict[str, tuple[list[str], list[str] | None]] = {
     "pipeline/train/distributed/split.py": (["tests/train/test_distributed_split.py",
                                              "tests/train/test_distributed_fast.py"], None),
     # FSDP2 / DDP and the collectives, on a one-rank gloo group (a stand-in plays a second worker)
-    "pipeline/train/distributed/strategy.py": (["tests/train/test_distributed_fast.py"], None),
+    # (and test_gloo_comm.py: which collectives a gloo group's FSDP2 units get)
+    "pipeline/train/distributed/strategy.py": (["tests/train/test_distributed_fast.py",
+                                                "tests/train/test_gloo_comm.py"], None),
     # FSDP2's all-gather / reduce-scatter through gloo's broadcast and all-reduce (the real groups:
     # tests/train/test_gloo_comm_groups.py, spawned processes, which do not see mutants)
     "pipeline/train/distributed/gloo_comm.py": (["tests/train/test_gloo_comm.py"], None),
