@@ -509,8 +509,8 @@ def test_opsm_mismatch_metrics_and_icepop_by_slimes_names_in_the_trainer():
 
 def test_each_steps_gradients_start_from_none(monkeypatch):
     """zero_grad(set_to_none=True): no step holds the previous step's gradients while it runs
-    (their memory is free for the forward), and a parameter without a gradient is left to AdamW
-    as one (it skips it) rather than as zeros."""
+    (their memory is free for the forward), and a parameter that takes no gradient in a step is
+    skipped by AdamW (None) instead of being moved by its momentum (zeros)."""
     t = trainer(global_batch_size=1)
     seen = []
     real = t.accumulate
@@ -526,7 +526,8 @@ def test_each_steps_gradients_start_from_none(monkeypatch):
 
 def test_the_log_line_says_nan_for_a_custom_loss_without_a_loss_metric(caplog):
     caplog.set_level("INFO", logger="pipeline.train.policy_gradient")
-    t = trainer(loss_type="custom_loss", custom_loss_function_path="tests.plugins.trainer_hooks.nll_without_a_loss_metric")
+    t = trainer(loss_type="custom_loss",
+                custom_loss_function_path="tests.plugins.trainer_hooks.nll_without_a_loss_metric")
     t.bind_args(SlimeArgs({"allowed_targets": ["pipeline."], "allowed_targets_extra": ["tests.plugins."]}))
     metrics = t.train(2, train_data())
     assert "train/loss" not in metrics and "train/nll" in metrics

@@ -6,14 +6,16 @@ all-reduce: on the 2-core CPU machine, over loopback, 128 MB per rank took 0.58 
 and 0.62 s to reduce-scatter, against 0.10 s to broadcast and 0.20 s to all-reduce
 (docs/performance.md, "Distributed trainer"). `trainer.gloo_collectives: broadcast` installs
 these two implementations with `FSDPModule.set_custom_all_gather` / `set_custom_reduce_scatter`
-(torch's `Comm` interface, torch.distributed.fsdp._fully_shard._fsdp_api): they call only
-torch.distributed's own collectives, so no bytes move outside gloo.
+(torch's `Comm` interface; torch 2.13 keeps it in the private module
+torch.distributed.fsdp._fully_shard._fsdp_api, so a torch that moves it fails at import): they
+call only torch.distributed's own collectives, so no bytes move outside gloo.
 
 - all-gather: rank r's shard is `output[r * n : (r + 1) * n]`; one `broadcast` per rank, each
   from its owner into that slice (the same bytes as the all-gather);
 - reduce-scatter: one `all_reduce` of the whole input, then this rank's slice of it (twice the
-  bytes, still faster). For 2 ranks the sum is bit-identical to gloo's reduce-scatter (a + b in
-  either order); with more ranks it may differ in the last bit.
+  bytes, still faster). Bit-identical to gloo's reduce-scatter for 2 ranks (a + b in either
+  order) and, as measured, for 3 (tests/train/test_gloo_comm_groups.py); nothing promises that
+  gloo sums more ranks in the same order, so there the last bit may differ.
 
 Both run synchronously and return None (no `Work`): FSDP2 then waits for nothing, as it does for
 gloo on CPU, where nothing overlaps a collective anyway. NCCL groups keep FSDP2's defaults.

@@ -6,8 +6,8 @@ of `pipeline.train.parallel.Parallel` that need the group.
   `DeviceMesh` of all workers, then the whole HF model (embeddings, final norm, head) as the
   root; parameters, gradients and AdamW state are DTensor shards. On a gloo group the units
   gather and reduce through `gloo_comm` (`trainer.gloo_collectives`: gloo's broadcast and
-  all-reduce, several times faster there than its all-gather and reduce-scatter). The mesh is built on the
-  trainer's device type ("cpu" for gloo: a gloo group on a machine with GPUs must not see CUDA
+  all-reduce, several times faster there than its all-gather and reduce-scatter). The mesh is
+  built on the trainer's device type ("cpu" for gloo: a gloo group on a machine with GPUs must not see CUDA
   weights, pytorch issue 132471). A peft model is sharded inside (its HF base model is the
   root), so peft's own API (adapters on and off) keeps working.
 - `ddp`: `DistributedDataParallel` around `_Apply`, a module whose forward is "call this
