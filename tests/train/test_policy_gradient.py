@@ -591,10 +591,9 @@ def test_old_log_probs_compute_no_entropy_and_the_entropy_has_a_gradient_only_wh
     from pipeline.train import policy_gradient as pg
 
     asked = []
-    for name in ("shared_prompt_log_probs",):
-        real = getattr(pg, name)
-        monkeypatch.setattr(pg, name, lambda *a, _real=real, **k: (asked.append((a[4], k["entropy_grad"])),
-                                                                   _real(*a, **k))[1])
+    real_shared = pg.shared_prompt_log_probs
+    monkeypatch.setattr(pg, "shared_prompt_log_probs",
+                        lambda *a, **k: (asked.append((a[4], k["entropy_grad"])), real_shared(*a, **k))[1])
     real_per_sample = pg.batches.response_log_probs
     monkeypatch.setattr(pg.batches, "response_log_probs",
                         lambda *a, **k: (asked.append((a[4], k["entropy_grad"])), real_per_sample(*a, **k))[1])
