@@ -319,3 +319,74 @@ def test_the_kl_loss_coef_zero_departure_from_slime_is_documented():
     page = (Path(__file__).resolve().parents[2] / "docs" / "slime.md").read_text(encoding="utf-8")
     section = page.split("## Where the trainer departs from slime", 1)[1].split("\n## ", 1)[0]
     assert any("kl_loss_coef" in line and "NaN" in line for line in section.splitlines())
+
+
+def test_ois_is_the_new_over_old_ratio_per_token():
+    # new log-probs ln2 and -ln2 against old 0: ratios 2 and 0.5 (exp(-ppo_kl), ppo_kl = old - new)
+    log_probs = new_log_probs([LN2, -LN2])
+    b = batch([[1.0, 1.0]], old=[[0.0, 0.0]], rollout=[[0.0, 0.0]])
+    _, metrics = policy_loss(args(get_mismatch_metrics=True), b, log_probs, zero_entropy(log_probs), total,
+                             LossHooks())
+    assert metrics["ois"].item() == pytest.approx(2.0 + 0.5)
+    log_probs = new_log_probs([LN2])
+    _, metrics = policy_loss(args(use_tis=True), batch([[1.0]], old=[[0.0]], rollout=[[0.0]]), log_probs,
+                             zero_entropy(log_probs), total, LossHooks())
+    assert metrics["ois"].item() == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("use_rollout_logprobs", [False, True])
+def test_the_tis_hook_gets_the_current_log_probs_when_the_old_ones_are_the_rollouts(use_rollout_logprobs):
+    seen = {}
+
+    def tis(a, *, pg_loss, train_log_probs, loss_masks, **_):
+        seen["train"] = [x.tolist() for x in train_log_probs]
+        seen["grad"] = [x.requires_grad for x in train_log_probs]
+        return pg_loss, loss_masks, {}
+
+    log_probs = new_log_probs([0.5, -0.5])
+    b = batch([[1.0, 1.0]], old=[[0.25, 0.0]], rollout=[[0.1, -0.1]])
+    policy_loss(args(use_tis=True, use_rollout_logprobs=use_rollout_logprobs), b, log_probs,
+                zero_entropy(log_probs), total, LossHooks(tis=tis))
+    assert seen["train"] == ([[0.5, -0.5]] if use_rollout_logprobs else [[0.25, 0.0]])
+    assert seen["grad"] == [False]  # detached either way
+
+
+def test_tokens_a_tis_hook_rejects_keep_the_constant_length_of_seq_mean_token_sum_norm():
+    # the reducer rebuilt on the hook's masks keeps loss_agg_norm_len (Dr. GRPO's constant length)
+    def reject_second_token(a, *, pg_loss, loss_masks, **_):
+        masks = [m.clone() for m in loss_masks]
+        masks[0][1] = 0.0
+        return pg_loss, masks, {}
+
+    log_probs = new_log_probs([0.0, 0.0], [0.0])
+    entropy = tensors([1.0, 3.0], [2.0])
+    b = batch([[1.0, 1.0], [1.0]], old=[[0.0, 0.0], [0.0]], rollout=[[0.0, 0.0], [0.0]])
+    reduce = sample_mean_reducer(b.response_lengths, b.loss_masks, "seq-mean-token-sum-norm", 4)
+    a = args(use_tis=True, loss_agg_mode="seq-mean-token-sum-norm", loss_agg_norm_len=4)
+    _, metrics = policy_loss(a, b, log_probs, entropy, reduce, LossHooks(tis=reject_second_token))
+    # ratio 1, A = 1: -1 on each of the 2 kept tokens, over the constant length 4
+    assert metrics["pg_loss"].item() == pytest.approx(-2 / 4)
+    assert metrics["entropy"].item() == pytest.approx((1.0 + 2.0) / 4)
+
+
+def test_kl_loss_coef_zero_adds_nothing_to_the_autograd_graph():
+    # the KL as a metric only is computed on detached log-probs: no tensor is saved for a
+    # backward it never takes (the same graph as without use_kl_loss)
+    def saved_tensors(**overrides):
+        count = 0
+
+        def pack(t):
+            nonlocal count
+            count += 1
+            return t
+
+        log_probs = new_log_probs([0.0, -0.5])
+        b = batch([[1.0, -1.0]], old=[[0.0, 0.0]], ref=[[-1.0, 0.5]])
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            policy_loss(args(kl_loss_type="k3", use_unbiased_kl=True, **overrides), b, log_probs,
+                        zero_entropy(log_probs), total, LossHooks())
+        return count
+
+    plain = saved_tensors()
+    assert saved_tensors(use_kl_loss=True, kl_loss_coef=0.0) == plain
+    assert saved_tensors(use_kl_loss=True, kl_loss_coef=0.1) > plain  # the count sees the KL's graph
