@@ -14,6 +14,13 @@ i.e. after in-flight groups have actually been dropped. `adaptive` fetches as so
 next round then starts while the current one is still generating instead of after its drops
 are known, so generation is pipelined; the price is groups still in flight when the batch
 fills, which are aborted (to the buffer with partial_rollout, else dropped).
+
+The look-ahead has a budget: once this rollout has submitted max(over_sampling_batch_size,
+ceil(batch size / min_pass_rate)) groups — what the lowest pass rate it assumes would need —
+`adaptive` fetches only as `fixed` does, once (submitted − dropped) < batch size (sized as
+before). Without it a filter that drops everything (every reward 0) kept 1 / min_pass_rate
+batches in flight for ever, and a `keep_when_insufficient` filter (`nonzero_std_fallback`), which
+keeps a group only when (submitted − dropped) ≤ batch size, never filled the batch.
 """
 
 from __future__ import annotations
@@ -72,24 +79,33 @@ class OverSampler:
             p = (accepted + w * self.pass_rate) / (decided + w)
         return min(1.0, max(self.min_pass_rate, p))
 
+    def look_ahead_budget(self, target: int, over_sampling_batch_size: int) -> int:
+        """Groups one rollout submits ahead of its drops at most (`adaptive`): what a pass rate of
+        min_pass_rate needs for the batch, and never less than one `fixed` round."""
+        return max(int(over_sampling_batch_size), math.ceil(target / self.min_pass_rate - 1e-6))
+
     def shortfall(self, target: int, submitted: int, dropped: int, kept: int, accepted: int,
-                  decided: int) -> float:
-        """Groups missing from the batch; a fetch is due while this is > 0. `fixed`: target −
-        (submitted − dropped); `adaptive`: target − kept − p × (submitted − dropped − kept)."""
-        if self.mode == "fixed":
+                  decided: int, over_sampling_batch_size: int) -> float:
+        """Groups missing from the batch; a fetch is due while this is > 0. `fixed`, and
+        `adaptive` past its look-ahead budget: target − (submitted − dropped); `adaptive`:
+        target − kept − p × (submitted − dropped − kept)."""
+        if self.mode == "fixed" or submitted >= self.look_ahead_budget(target, over_sampling_batch_size):
             return float(target - (submitted - dropped))
         undecided = submitted - dropped - kept
         return target - kept - self.estimate(accepted, decided) * undecided
 
     def fetch_size(self, target: int, over_sampling_batch_size: int, shortfall: float,
-                   accepted: int, decided: int) -> int:
-        """Groups to fetch now, given `shortfall()` > 0."""
+                   accepted: int, decided: int, submitted: int) -> int:
+        """Groups to fetch now, given `shortfall()` > 0; `adaptive` stops at its look-ahead
+        budget (a round never crosses it) and past it fetches as before."""
         if self.mode == "fixed":
             return over_sampling_batch_size
         p = self.estimate(accepted, decided)
         k = math.ceil(shortfall / p - 1e-6)
         upper = max(self.min_fetch, int(self.max_fetch_factor * target))
-        return max(self.min_fetch, min(upper, k))
+        k = max(self.min_fetch, min(upper, k))
+        left = self.look_ahead_budget(target, over_sampling_batch_size) - submitted
+        return min(k, left) if left > 0 else k
 
     def end_rollout(self, accepted: int, decided: int) -> None:
         """Fold this rollout's observed pass rate into the carried-over estimate."""

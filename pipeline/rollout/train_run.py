@@ -140,10 +140,11 @@ class TrainRun(LeftoverGroups):
         sampler = self.engine_rollout.over_sampler
         while not self._full():
             shortfall = sampler.shortfall(self.target, self.submitted, self.dropped, len(self.kept),
-                                          self.accepted, self.decided)
+                                          self.accepted, self.decided, self.over_sampling_batch_size)
             if shortfall <= 1e-6:
                 return
-            k = sampler.fetch_size(self.target, self.over_sampling_batch_size, shortfall, self.accepted, self.decided)
+            k = sampler.fetch_size(self.target, self.over_sampling_batch_size, shortfall, self.accepted,
+                                   self.decided, self.submitted)
             buffered_ids = self._buffered_ids()
             set_serving_version(self.serving_version())  # for buffer filters bounding staleness
             groups = self.data_source.get_samples(k)

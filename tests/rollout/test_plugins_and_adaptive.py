@@ -61,15 +61,20 @@ def test_plugin_outside_allowlist_is_refused(make_rollout, make_source):
 
 def test_adaptive_fetch_size_unit():
     fixed = OverSampler("fixed")
-    assert fixed.fetch_size(4, 16, 4, 0, 0) == 16
+    assert fixed.fetch_size(4, 16, 4, 0, 0, submitted=0) == 16
     ad = OverSampler("adaptive", min_fetch=1, max_fetch_factor=3, min_pass_rate=0.1,
                      prior_pass_rate=1.0, prior_weight=0.0, smoothing=1.0)
-    assert ad.fetch_size(4, 16, 4, 0, 0) == 4          # no evidence yet: the prior (all pass)
-    assert ad.fetch_size(4, 16, 1, 1, 4) == 4          # 25% pass: 1 missing -> 4 groups
-    assert ad.fetch_size(4, 16, 4, 0, 10) == 12        # 0% pass clamps to 10% and to 3x batch
+    assert ad.fetch_size(4, 16, 4, 0, 0, submitted=0) == 4  # no evidence yet: the prior (all pass)
+    assert ad.fetch_size(4, 16, 1, 1, 4, submitted=4) == 4  # 25% pass: 1 missing -> 4 groups
+    assert ad.fetch_size(4, 16, 4, 0, 10, submitted=0) == 12  # 0% pass clamps to 10% and to 3x batch
+    # ... and to what is left of the look-ahead budget, max(osb, 4 / 0.1); past it, as before
+    assert ad.look_ahead_budget(4, 16) == 40 and ad.look_ahead_budget(4, 48) == 48
+    assert ad.fetch_size(4, 16, 4, 0, 10, submitted=34) == 6
+    assert ad.fetch_size(4, 16, 4, 0, 10, submitted=40) == 12
+    assert OverSampler("adaptive", min_pass_rate=0.3).look_ahead_budget(3, 3) == 10  # ceil(3 / 0.3)
     ad.end_rollout(accepted=2, decided=8)
     assert ad.pass_rate == pytest.approx(0.25)
-    assert ad.fetch_size(4, 16, 4, 0, 0) == 12         # next rollout starts from the learned rate
+    assert ad.fetch_size(4, 16, 4, 0, 0, submitted=0) == 12  # next rollout starts from the learned rate
     with pytest.raises(ValueError, match="over_sampling"):
         OverSampler("sometimes")
 
@@ -123,16 +128,20 @@ def test_group_reward_gets_whole_groups_with_the_real_dispatcher(make_rollout, m
 def test_adaptive_fetches_on_the_projected_count_fixed_on_drops():
     fixed = OverSampler("fixed")
     # 4 in flight, none decided: slime waits for drops
-    assert fixed.shortfall(4, submitted=4, dropped=0, kept=0, accepted=0, decided=0) == 0
-    assert fixed.shortfall(4, submitted=4, dropped=1, kept=0, accepted=0, decided=1) == 1
+    assert fixed.shortfall(4, submitted=4, dropped=0, kept=0, accepted=0, decided=0, over_sampling_batch_size=4) == 0
+    assert fixed.shortfall(4, submitted=4, dropped=1, kept=0, accepted=0, decided=1, over_sampling_batch_size=4) == 1
     ad = OverSampler("adaptive", prior_pass_rate=1.0, prior_weight=0.0, smoothing=1.0)
-    assert ad.shortfall(4, submitted=4, dropped=0, kept=0, accepted=0, decided=0) == 0
+    assert ad.shortfall(4, submitted=4, dropped=0, kept=0, accepted=0, decided=0, over_sampling_batch_size=4) == 0
     # 1 kept, 1 dropped (p = 0.5), 2 in flight: projected 1 + 0.5 * 2 = 2 of 4 -> 2 missing
-    s = ad.shortfall(4, submitted=4, dropped=1, kept=1, accepted=1, decided=2)
+    s = ad.shortfall(4, submitted=4, dropped=1, kept=1, accepted=1, decided=2, over_sampling_batch_size=4)
     assert s == pytest.approx(2.0)
-    assert ad.fetch_size(4, 4, s, accepted=1, decided=2) == 4
+    assert ad.fetch_size(4, 4, s, accepted=1, decided=2, submitted=4) == 4
     # once enough is in flight at the observed rate, no fetch is due
-    assert ad.shortfall(4, submitted=8, dropped=1, kept=1, accepted=1, decided=2) <= 0
+    assert ad.shortfall(4, submitted=8, dropped=1, kept=1, accepted=1, decided=2, over_sampling_batch_size=4) <= 0
+    # past the look-ahead budget (max(4, 4 / 0.1) = 40 submitted) only drops below the batch fetch
+    assert ad.shortfall(4, submitted=39, dropped=35, kept=1, accepted=1, decided=36, over_sampling_batch_size=4) > 0
+    assert ad.shortfall(4, submitted=40, dropped=36, kept=1, accepted=1, decided=37, over_sampling_batch_size=4) == 0
+    assert ad.shortfall(4, submitted=40, dropped=37, kept=1, accepted=1, decided=38, over_sampling_batch_size=4) == 1
 
 
 def half_with_fallback(args: Any, samples: list, **kw: Any) -> DynamicFilterOutput:
@@ -154,3 +163,24 @@ def test_adaptive_with_the_fallback_filter_still_learns_the_pass_rate(make_rollo
         assert out.metrics["rollout/filter_pass_rate"] == pytest.approx(0.5, abs=0.1)
     assert sum(o.metrics.get("rollout/dynamic_filter/drop_odd", 0) for o in outs) >= 6
     assert sum(sum(g[0].group_index % 2 == 0 for g in o.samples) for o in outs) >= 10  # mostly passes kept
+
+
+def none_pass_with_fallback(args: Any, samples: list, **kw: Any) -> DynamicFilterOutput:
+    return DynamicFilterOutput(keep=False, reason="zero_std_0.0", keep_when_insufficient=True)
+
+
+def test_adaptive_with_the_fallback_filter_fills_a_batch_nothing_passes(make_rollout, make_source):
+    """Every reward 0 (nothing passes): the adaptive look-ahead stops once this rollout has
+    submitted max(over_sampling_batch_size, batch / min_pass_rate) = 40 groups, so (submitted −
+    dropped) falls to the batch size and the fallback keeps the rest. Before, adaptive kept
+    1 / min_pass_rate batches in flight, never reached that point and fetched forever."""
+    args = make_args(rollout_batch_size=4, n_samples_per_prompt=2, over_sampling_batch_size=16)
+    rollout = make_rollout(dynamic_filter=none_pass_with_fallback, over_sampling="adaptive", deterministic=True)
+    src = make_source(buffered=False)
+    for rid in range(2):
+        out = rollout(args, rid, src)
+        assert len(out.samples) == 4
+        assert out.metrics["rollout/dynamic_filter/kept_insufficient"] == 4
+        assert out.metrics["rollout/groups_submitted"] == 40  # the look-ahead budget, then no more
+        assert out.metrics["rollout/dynamic_filter/drop_zero_std_0.0"] == 36
+        assert out.metrics["rollout/filter_pass_rate"] == 0

@@ -188,14 +188,15 @@ def test_the_over_sampler_is_told_the_runs_true_counts(make_rollout, make_source
     rollout.over_sampler = sampler = RecordingSampler(mode="adaptive")
     out = rollout(make_args(rollout_batch_size=3, n_samples_per_prompt=1), 0, make_source(n=1, buffered=False))
     assert len(out.samples) == 3
-    assert sampler.shortfalls[0][0] == (3, 0, 0, 0, 0, 0)
-    for (target, submitted, dropped, kept, accepted, decided), _ in sampler.shortfalls:
-        assert target == 3 and kept == accepted and accepted <= decided and dropped == decided - accepted
-        assert 0 <= submitted - dropped
+    assert sampler.shortfalls[0][0] == (3, 0, 0, 0, 0, 0, 3)
+    for (target, submitted, dropped, kept, accepted, decided, osb), _ in sampler.shortfalls:
+        assert target == 3 and osb == 3 and kept == accepted and accepted <= decided
+        assert dropped == decided - accepted and 0 <= submitted - dropped
     assert any(a[4] > 0 and a[5] > a[4] for a, _ in sampler.shortfalls)  # some drops seen
     # each fetch is sized from the shortfall just computed and the same counts
     for fetch in sampler.fetches:
-        match = [(a, s) for a, s in sampler.shortfalls if s == fetch[2] and a[4:] == fetch[3:]]
+        match = [(a, s) for a, s in sampler.shortfalls
+                 if s == fetch[2] and a[4:6] == fetch[3:5] and a[1] == fetch[5]]
         assert fetch[:2] == (3, 3) and match
 
 
