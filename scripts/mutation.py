@@ -119,6 +119,19 @@ MODULES: dict[str, tuple[list[str], list[str] | None]] = {
     "pipeline/train/state.py": (["tests/train/test_state.py", "tests/train/test_policy_gradient.py"], None),
     # AdamW and the warm-up / decay schedule
     "pipeline/train/optim.py": (["tests/train/test_optim.py", "tests/train/test_policy_gradient.py"], None),
+    # the trainer's pre-flight refusals and warnings (workers, devices, strategies, splits, async)
+    "pipeline/train/preflight.py": (["tests/train/test_trainer_preflight_keys.py",
+                                     "tests/train/test_trainer_preflight_distributed.py",
+                                     "tests/engines/test_trainer_preflight.py", "tests/train/test_disk.py",
+                                     "tests/train/test_train_async.py"], None),
+    # which weights reach which engine after an update (full, LoRA adapter folders, object refs)
+    "pipeline/train/sync.py": (["tests/train/test_train_sync.py", "tests/train/test_trainer_real_model.py",
+                                "tests/engines/test_vllm_follows_trainer.py"], None),
+    # the policy's load, LoRA wrap, reference model, merged weights and HF export
+    "pipeline/train/model.py": (["tests/train/test_file_modes.py", "tests/train/test_shared_prompt.py",
+                                 "tests/train/test_distributed_fast.py", "tests/train/test_disk.py",
+                                 "tests/train/test_train_sync.py", "tests/train/test_policy_gradient.py",
+                                 "tests/train/test_model.py"], None),
     # the one-process answers of the trainer's process group
     "pipeline/train/parallel.py": (["tests/train/test_policy_gradient.py", "tests/train/test_distributed_fast.py",
                                     "tests/train/test_policy_gradient_parallel.py"], None),

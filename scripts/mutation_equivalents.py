@@ -283,4 +283,19 @@ EQUIVALENT: dict[str, str] = {
        for i in (3, 5)},
     "pipeline.train.policy_gradient.xǁPolicyGradientTrainerǁload__mutmut_1": ("self.model is an argument of both state loads, so it is loaded (and the KL "
                            "reference copied) before either reads the state, with or without this line"),
+    # pipeline/train/sync.py
+    "pipeline.train.sync.x_push_weights__mutmut_79": (
+        "by_ref is only read as `if by_ref`: an engine without takes_object_refs gives None instead of False, "
+        "both falsy"),
+    # pipeline/train/model.py
+    **{f"pipeline.train.model.x_export_hf__mutmut_{i}": "a peft model forwards `config` to its base model: "
+       "model.config is model.get_base_model().config, the same object" for i in (2, 4)},
+    **{f"pipeline.train.model.x_export_state__mutmut_{i}": "transformers 5 no longer has safe_serialization: "
+       "save_pretrained takes it into **kwargs and always writes model.safetensors (True, None, False or "
+       "missing)" for i in (13, 15, 17)},
+    "pipeline.train.model.x_load_policy__mutmut_7": (
+        "from_pretrained(attn_implementation=None) sets config._attn_implementation to None, which picks "
+        "transformers' default as when the key is missing (the asked one is pinned by test_model.py)"),
+    "pipeline.train.model.x_save_adapter__mutmut_11": "peft's save_pretrained defaults to safe_serialization=True",
+    "pipeline.train.model.x_wrap_lora__mutmut_18": 'LoraConfig\'s default bias is "none", the value given',
 }

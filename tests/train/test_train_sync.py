@@ -2,6 +2,7 @@
 
 import copy
 import json
+import time
 
 import pytest
 import torch
@@ -162,3 +163,95 @@ def test_restore_trainer_without_and_with_missing_state(tmp_path):
     engine = FullEngine()
     restore_trainer(fresh, engine, str(tmp_path), 1)
     assert fresh.weight_version == 5 and engine.updates == []  # a function trainer pushes nothing
+
+
+class RefEngine:
+    """Like engine=ray: takes a distributed trainer's object ref of the weights (kept as given)."""
+
+    takes_object_refs = True
+
+    def __init__(self):
+        self.updates = []
+
+    def update_weights(self, state, version):
+        self.updates.append((state, version))
+
+
+class BothEngine(FullEngine, LoraEngine):
+    """Has update_weights and update_lora but declares full sync (an openai engine without an adapter name)."""
+
+    weight_sync = "full"
+
+
+class RefTrainer:
+    """A distributed trainer's sync surface: its weights as a dict and as an object ref."""
+
+    weight_version = 4
+
+    def __init__(self):
+        self.state = {"w": torch.ones(2)}
+        self.ref = object()
+
+    def weights_for_engine(self):
+        return self.state
+
+    def weights_ref_for_engine(self):
+        return self.ref
+
+
+def test_an_engine_taking_object_refs_gets_a_distributed_trainers_ref_and_others_the_weights():
+    ref_engine, trainer = RefEngine(), RefTrainer()
+    push_weights(trainer, ref_engine, None)
+    assert len(ref_engine.updates) == 1 and ref_engine.updates[0][0] is trainer.ref
+    assert ref_engine.updates[0][1] == 4
+    # an engine without takes_object_refs gets the weights themselves, not the ref
+    plain = FullEngine()
+    push_weights(trainer, plain, None)
+    assert [(list(state), version) for state, version in plain.updates] == [(["w"], 4)]
+    assert torch.equal(plain.updates[0][0]["w"], trainer.state["w"])
+    # a one-process trainer (no weights_ref_for_engine) still feeds an engine that takes refs
+    t = PolicyGradientTrainer(model=tiny_llama(torch.float32), **yaml_keys())
+    ref_engine = RefEngine()
+    push_weights(t, ref_engine, None)
+    state, version = ref_engine.updates[-1]
+    assert version == 0 and set(state) == set(t.model.state_dict())
+
+
+def test_an_engine_with_both_updates_that_declares_full_sync_gets_the_full_weights(tmp_path):
+    t = PolicyGradientTrainer(model=tiny_llama(torch.float32), **yaml_keys(lr=1e-2, lora_rank=2))
+    engine = BothEngine()
+    push_weights(t, engine, str(tmp_path))
+    (state, version), = engine.updates
+    assert version == 0 and "model.layers.0.self_attn.q_proj.weight" in state
+    assert not any("lora_" in name for name in state) and not (tmp_path / "lora_adapters").exists()
+
+
+def test_a_function_trainer_syncs_nothing_to_an_adapter_engine():
+    t = FunctionTrainer(fn=user_train)
+    engine = LoraEngine()
+    assert push_weights(t, engine, None) == {} and engine.updates == []
+
+
+def test_adapter_sync_needs_a_run_dir_and_clears_half_written_adapter_folders(tmp_path):
+    t = PolicyGradientTrainer(model=tiny_llama(torch.float32), **yaml_keys(lr=1e-2, lora_rank=2))
+    with pytest.raises(RuntimeError, match=r"^weight sync through update_lora needs a run dir for the adapter "
+                                           r"folders$"):
+        push_weights(t, LoraEngine(), None)
+    # a killed writer's temp folder of an adapter goes; another file's temp folder stays
+    stale, other = tmp_path / "lora_adapters" / ".v7.abc123", tmp_path / "lora_adapters" / ".keep.abc123"
+    stale.mkdir(parents=True)
+    other.mkdir()
+    push_weights(t, LoraEngine(), str(tmp_path))
+    assert sorted(p.name for p in (tmp_path / "lora_adapters").iterdir()) == [".keep.abc123", "v0"]
+
+
+def test_the_sync_time_and_the_log_line_name_the_served_version(caplog):
+    caplog.set_level("INFO", logger="pipeline.train.sync")
+    t = PolicyGradientTrainer(model=tiny_llama(torch.float32), **yaml_keys(lr=1e-2))
+    t.train(0, train_data())
+    before = time.perf_counter()
+    metrics = push_weights(t, FullEngine(), None)
+    elapsed = time.perf_counter() - before
+    assert 0 <= metrics["perf/weight_sync_time"] <= elapsed
+    assert [r.getMessage() for r in caplog.records if r.name == "pipeline.train.sync"] == [
+        "engine now serves weight version 1"]
