@@ -236,3 +236,168 @@ def test_param_dtype_bfloat16_needs_fsdp2_workers(tmp_path, monkeypatch):
     validate(compose_cfg(tmp_path, "trainer.param_dtype=bfloat16", "trainer.num_workers=2", "rollout_batch_size=2"))
     assert "trainer.param_dtype='fp8': expected one of ['float32', 'bfloat16']" in refused(
         tmp_path, "trainer.param_dtype=fp8")
+
+
+# --- the same checks on plain config dicts (no compose: each a few milliseconds) ---
+TARGET = "pipeline.train.build.policy_gradient_trainer"
+HF = "pipeline.engines.hf.HFEngine"
+
+
+def plain(engine: dict[str, Any] | None = None, rbs: Any = 4, n: Any = 4, **trainer: Any) -> dict[str, Any]:
+    """A config as pre-flight sees it: the shipped trainer keys (device=cpu unless given), `trainer`
+    over them, the hf engine on the CPU unless `engine`, `rbs` prompts x `n` samples."""
+    from trainer_fixtures import yaml_keys
+
+    keys = yaml_keys(**{"device": "cpu", **trainer})
+    keys["_target_"] = TARGET
+    return {"trainer": keys, "engine": {"_target_": HF, "device": "cpu"} if engine is None else engine,
+            "rollout_batch_size": rbs, "n_samples_per_prompt": n}
+
+
+def counted_torch(monkeypatch: pytest.MonkeyPatch, visible: int | None, torch_count: int) -> list[int]:
+    """`visible_gpus()` answers `visible`, torch `torch_count`; the list grows by one per torch call."""
+    calls: list[int] = []
+    monkeypatch.setattr(devices, "visible_gpus", lambda: visible)
+
+    def count() -> int:
+        calls.append(torch_count)
+        return torch_count
+
+    monkeypatch.setattr(devices, "cuda_device_count", count)
+    return calls
+
+
+def no_torch(monkeypatch: pytest.MonkeyPatch, visible: int | None) -> None:
+    monkeypatch.setattr(devices, "visible_gpus", lambda: visible)
+
+    def refuse() -> int:
+        raise AssertionError("pre-flight asked torch for a CUDA count")
+
+    monkeypatch.setattr(devices, "cuda_device_count", refuse)
+
+
+NCCL_ON_CPU = ("trainer.backend=nccl needs CUDA tensors, but the trainer runs on the CPU; use trainer.backend=gloo "
+               "(or auto), or trainer.device=cuda on a machine with GPUs")
+
+
+def test_device_cpu_asks_torch_nothing_and_trains_on_the_cpu(monkeypatch):
+    """trainer.device=cpu: the CPU, here or on a Ray cluster's nodes (nccl refused either way),
+    without a GPU count from torch even on a machine with GPUs."""
+    no_torch(monkeypatch, 2)
+    assert trainer_problems(plain(num_workers=2)) == []
+    assert trainer_problems(plain(num_workers=2, backend="nccl")) == [NCCL_ON_CPU]
+    assert trainer_problems(plain(num_workers=2, backend="nccl", address="auto")) == [NCCL_ON_CPU]
+
+
+def test_no_visible_gpu_asks_torch_nothing(monkeypatch):
+    """No GPU visible (no driver, or CUDA_VISIBLE_DEVICES hides them): 0 GPUs without torch's count,
+    for N workers on auto (the CPU) and for cuda (refused)."""
+    no_torch(monkeypatch, 0)
+    assert trainer_problems(plain(num_workers=2, device="auto")) == []
+    assert trainer_problems(plain(num_workers=2, device="auto", backend="nccl")) == [NCCL_ON_CPU]
+    [problem] = trainer_problems(plain(num_workers=2, device="cuda"))
+    assert problem.startswith("trainer.device=cuda, but this machine has no CUDA device torch can use")
+
+
+def test_torch_is_asked_once_for_cuda_workers_and_the_hf_engine(monkeypatch):
+    """The trainer's GPU count is the one the hf engine's device is judged by: torch is asked once."""
+    calls = counted_torch(monkeypatch, None, 3)
+    cuda_engine = {"_target_": HF, "device": "auto", "colocate": False}
+    assert trainer_problems(plain(engine=cuda_engine, num_workers=2, device="cuda")) == []
+    assert calls == [3]
+    calls.clear()
+    [problem] = trainer_problems(plain(engine=cuda_engine, num_workers=3, device="auto"))
+    assert calls == [3]
+    assert problem == ("trainer.num_workers=3 on CUDA needs one GPU per worker, but this machine has 3 GPU(s) and the "
+                       "hf engine keeps one of its own (engine.colocate=false): 2 for the trainer; set "
+                       "trainer.num_workers=2, engine.colocate=true (the engine shares worker 0's GPU), "
+                       "engine.device=cpu, trainer.device=cpu or trainer.address=<a Ray cluster with more GPUs>")
+
+
+def test_two_auto_workers_on_a_driver_without_proc_listing_ask_torch(monkeypatch):
+    """visible_gpus() None (only torch can tell): two workers on auto count torch's GPUs, and
+    two CUDA workers on one GPU are refused, word for word."""
+    calls = counted_torch(monkeypatch, None, 1)
+    assert trainer_problems(plain(num_workers=2, device="auto")) == [
+        "trainer.num_workers=2 on CUDA needs one GPU per worker, but this machine has 1 GPU(s): 1 for the trainer; "
+        "set trainer.num_workers=1, trainer.device=cpu or trainer.address=<a Ray cluster with more GPUs>"]
+    assert calls == [1]
+    counted_torch(monkeypatch, None, 0)  # torch sees none: the CPU, where nccl is refused
+    assert trainer_problems(plain(num_workers=2, device="auto", backend="nccl")) == [NCCL_ON_CPU]
+
+
+def test_the_engine_keeps_a_gpu_only_as_the_hf_engine_on_cuda_not_colocated(monkeypatch):
+    """An engine that is not the hf engine, or an hf engine whose device pre-flight cannot resolve
+    (its own checks report it), takes no GPU from the trainer; an hf engine on CUDA without
+    engine.colocate keeps one of its own."""
+    counted_torch(monkeypatch, 2, 2)
+    for engine in ({"_target_": "pipeline.engines.ray_pool.RayEngine", "device": "cuda"},
+                   {"_target_": "pipeline.engines.vllm.VLLMEngine", "device": "cuda", "colocate": False}, None,
+                   {"_target_": HF, "device": "tpu", "colocate": False}, {"_target_": HF},
+                   {"_target_": HF, "device": "cuda", "colocate": True}):
+        cfg = plain(num_workers=2, device="cuda")
+        cfg["engine"] = engine
+        assert trainer_problems(cfg) == [], engine
+    [problem] = trainer_problems(plain(engine={"_target_": HF, "device": "cuda"}, num_workers=2, device="cuda"))
+    assert problem.startswith("trainer.num_workers=2 on CUDA needs one GPU per worker, but this machine has 2 GPU(s) "
+                              "and the hf engine keeps one of its own (engine.colocate=false): 1 for the trainer")
+
+
+def test_cuda_workers_on_a_ray_cluster_train_on_cuda(monkeypatch):
+    """trainer.address set: the nodes have the GPUs; cuda there takes nccl (and auto, gloo)."""
+    no_torch(monkeypatch, 0)
+    for backend in ("nccl", "gloo", "auto"):
+        assert trainer_problems(plain(num_workers=2, device="cuda", address="auto", backend=backend)) == [], backend
+    assert trainer_problems(plain(num_workers=2, device="cuda", backend="nccl",
+                                  engine={"_target_": "pipeline.engines.ray_pool.RayEngine",
+                                          "address": "ray://head:10001"})) == []
+
+
+def test_a_global_batch_of_one_cannot_be_split_over_two_workers(monkeypatch):
+    no_torch(monkeypatch, 0)
+    assert trainer_problems(plain(num_workers=2, global_batch_size=1)) == [
+        "trainer.num_workers=2: trainer.global_batch_size=1 samples per optimizer step cannot be split over 2 "
+        "workers (each needs at least one sample); set trainer.global_batch_size >= 2 (or null: the whole rollout) "
+        "or trainer.num_workers <= 1"]
+    assert trainer_problems(plain(num_workers=2, global_batch_size=2)) == []
+
+
+def test_a_rollout_of_one_sample_cannot_be_split_over_two_workers(monkeypatch):
+    no_torch(monkeypatch, 0)
+    assert trainer_problems(plain(num_workers=2, rbs=1, n=1)) == [
+        "trainer.num_workers=2: an optimizer step (trainer.global_batch_size=null: the whole rollout, "
+        "rollout_batch_size=1 x n_samples_per_prompt=1 = 1 samples) cannot be split over 2 workers (each needs at "
+        "least one sample); raise rollout_batch_size or n_samples_per_prompt, or set trainer.num_workers <= 1"]
+    assert trainer_problems(plain(num_workers=2, rbs=2, n=1)) == []
+    assert trainer_problems(plain(num_workers=2, rbs=1, n=2)) == []
+
+
+@pytest.mark.parametrize(("rbs", "n"), [(0, 1), (1, 0), (0, 0), (1, None), (None, 1), (1.5, 1), (1, 1.5)])
+def test_a_rollout_size_that_is_not_a_positive_integer_is_left_to_its_own_checks(monkeypatch, rbs, n):
+    """rollout_batch_size / n_samples_per_prompt of 0 or not an integer: their own checks refuse
+    them; the split check says nothing."""
+    no_torch(monkeypatch, 0)
+    assert trainer_problems(plain(num_workers=4, rbs=rbs, n=n)) == []
+
+
+def test_cpu_workers_warn_of_contention_with_device_cpu(monkeypatch):
+    no_torch(monkeypatch, 0)
+    cpus(monkeypatch, 2)
+    assert trainer_warnings(plain(num_workers=4, num_threads=1)) == [
+        "trainer.num_workers=4 x trainer.num_threads=1 = 4 torch threads on the CPU, more than this machine's 2 CPUs "
+        "(os.cpu_count()): the workers contend for cores and every step gets slower; set trainer.num_threads=1 or "
+        "fewer workers (trainer.num_workers=2)"]
+    assert trainer_warnings(plain(num_workers=2, num_threads=1)) == []
+    assert trainer_warnings(plain(num_workers=2, num_threads=2, address="auto")) == []  # the cluster's CPUs
+    monkeypatch.setattr(os, "cpu_count", lambda: None)  # unknown: nothing to compare with
+    assert trainer_warnings(plain(num_workers=4, num_threads=4)) == []
+
+
+def test_no_contention_warning_for_a_config_with_problems_or_without_the_trainer(monkeypatch):
+    no_torch(monkeypatch, 0)
+    cpus(monkeypatch, 2)
+    assert trainer_warnings(plain(num_workers=4, num_threads=4, placement_strategy="pack")) == []
+    assert trainer_warnings({"trainer": None}) == [] and trainer_warnings({}) == []
+    function = plain(num_workers=4, num_threads=4)
+    function["trainer"]["_target_"] = "pipeline.train.function.FunctionTrainer"
+    assert trainer_warnings(function) == []

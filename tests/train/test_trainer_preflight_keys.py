@@ -63,3 +63,54 @@ def test_opsm_and_mismatch_metric_keys_are_checked():
         "trainer.get_mismatch_metrics=1: expected true or false",
         "trainer.opsm_delta=-0.5: expected a number >= 0"]
     assert trainer_problems(node(opsm_delta="small")) == ["trainer.opsm_delta='small': expected a number >= 0"]
+
+
+def test_function_trainer_without_a_path_is_refused_word_for_word():
+    function = "pipeline.train.function.FunctionTrainer"
+    assert trainer_problems({"trainer": {"_target_": function}}) == [
+        "trainer=function needs trainer.train_function_path=<pkg.module.train> (your train(args, rollout_id, "
+        "train_data) -> metrics)"]
+    assert trainer_problems({"trainer": {"_target_": function, "train_function_path": "pkg.mod.train"}}) == []
+
+
+def test_dynamic_batch_size_needs_max_tokens_per_gpu_of_at_least_one():
+    for tokens in (1, 4096):
+        assert trainer_problems(node(use_dynamic_batch_size=True, max_tokens_per_gpu=tokens)) == [], tokens
+    for tokens in (0, None, 1.5):
+        assert trainer_problems(node(use_dynamic_batch_size=True, max_tokens_per_gpu=tokens)) == [
+            f"trainer.use_dynamic_batch_size=true needs trainer.max_tokens_per_gpu >= 1 (got {tokens!r})"]
+    assert trainer_problems(node(use_dynamic_batch_size=False, max_tokens_per_gpu=None)) == []
+
+
+def test_the_dual_clip_bound_must_be_a_number_above_one():
+    for bound in (None, 1.5, 3, 10.0):
+        assert trainer_problems(node(eps_clip_c=bound)) == [], bound
+    for bound in (1.0, 1, 0.5, "3", True):
+        assert trainer_problems(node(eps_clip_c=bound)) == [
+            f"trainer.eps_clip_c={bound!r}: the dual-clip bound must be > 1 (or null: off)"], bound
+
+
+def test_only_dr_grpo_needs_a_norm_length_of_at_least_one():
+    for length in (1, 8):
+        assert trainer_problems(node(loss_agg_mode="seq-mean-token-sum-norm", loss_agg_norm_len=length)) == []
+    for length in (0, None, 2.0):
+        assert trainer_problems(node(loss_agg_mode="seq-mean-token-sum-norm", loss_agg_norm_len=length)) == [
+            f"trainer.loss_agg_mode=seq-mean-token-sum-norm needs trainer.loss_agg_norm_len >= 1 (got {length!r})"]
+    for mode in ("token-mean", "seq-mean-token-mean"):  # the length is read by dr-grpo's mode only
+        assert trainer_problems(node(loss_agg_mode=mode, loss_agg_norm_len=None)) == [], mode
+        assert trainer_problems(node(loss_agg_mode=mode, loss_agg_norm_len=0)) == [], mode
+
+
+def test_custom_loss_needs_its_function_path_word_for_word():
+    assert trainer_problems(node(loss_type="custom_loss", custom_loss_function_path="pkg.module.fn")) == []
+    assert trainer_problems(node(loss_type="custom_loss", custom_loss_function_path=None)) == [
+        "trainer.loss_type=custom_loss needs trainer.custom_loss_function_path=<pkg.module.fn>"]
+    assert trainer_problems(node(loss_type="policy_loss", custom_loss_function_path=None)) == []
+
+
+def test_rollout_logprobs_and_tis_are_refused_together_only():
+    assert trainer_problems(node(use_rollout_logprobs=True, use_tis=False)) == []
+    assert trainer_problems(node(use_rollout_logprobs=False, use_tis=True)) == []
+    assert trainer_problems(node(use_rollout_logprobs=True, use_tis=True)) == [
+        "trainer.use_rollout_logprobs and trainer.use_tis together: TIS weighs the trainer's old log-probs against "
+        "the rollout's, which are then the same (slime refuses this too)"]
