@@ -41,6 +41,29 @@ def gpus(monkeypatch: pytest.MonkeyPatch, count: int | None, torch_count: int | 
     monkeypatch.setattr(devices, "cuda_device_count", lambda: answer)
 
 
+def counted_torch(monkeypatch: pytest.MonkeyPatch, visible: int | None, torch_count: int) -> list[int]:
+    """`visible_gpus()` answers `visible`, torch `torch_count`; the list grows by one per torch call."""
+    calls: list[int] = []
+    monkeypatch.setattr(devices, "visible_gpus", lambda: visible)
+
+    def count() -> int:
+        calls.append(torch_count)
+        return torch_count
+
+    monkeypatch.setattr(devices, "cuda_device_count", count)
+    return calls
+
+
+def no_torch(monkeypatch: pytest.MonkeyPatch, visible: int | None) -> None:
+    """`visible_gpus()` answers `visible`; asking torch for a CUDA count fails the test."""
+    monkeypatch.setattr(devices, "visible_gpus", lambda: visible)
+
+    def refuse() -> int:
+        raise AssertionError("pre-flight asked torch for a CUDA count")
+
+    monkeypatch.setattr(devices, "cuda_device_count", refuse)
+
+
 def cpus(monkeypatch: pytest.MonkeyPatch, count: int) -> None:
     monkeypatch.setattr(os, "cpu_count", lambda: count)
 
@@ -60,12 +83,7 @@ def refused(tmp: Path, *overrides: str) -> str:
 def test_the_default_single_worker_passes_quietly_without_asking_torch(tmp_path, monkeypatch, caplog, machine_gpus):
     """num_workers=1, device=auto: no problem, no warning, and no CUDA count asked of torch (nothing
     the in-process trainer's checks need depends on it), whatever the machine's GPUs."""
-    monkeypatch.setattr(devices, "visible_gpus", lambda: machine_gpus)
-
-    def no_torch() -> int:
-        raise AssertionError("pre-flight asked torch for a CUDA count")
-
-    monkeypatch.setattr(devices, "cuda_device_count", no_torch)
+    no_torch(monkeypatch, machine_gpus)
     cfg = to_plain_lenient(compose_cfg(tmp_path))
     assert cfg["trainer"]["num_workers"] == 1 and cfg["trainer"]["device"] == "auto"
     assert trainer_problems(cfg) == [] and trainer_warnings(cfg) == []
@@ -252,28 +270,6 @@ def plain(engine: dict[str, Any] | None = None, rbs: Any = 4, n: Any = 4, **trai
     keys["_target_"] = TARGET
     return {"trainer": keys, "engine": {"_target_": HF, "device": "cpu"} if engine is None else engine,
             "rollout_batch_size": rbs, "n_samples_per_prompt": n}
-
-
-def counted_torch(monkeypatch: pytest.MonkeyPatch, visible: int | None, torch_count: int) -> list[int]:
-    """`visible_gpus()` answers `visible`, torch `torch_count`; the list grows by one per torch call."""
-    calls: list[int] = []
-    monkeypatch.setattr(devices, "visible_gpus", lambda: visible)
-
-    def count() -> int:
-        calls.append(torch_count)
-        return torch_count
-
-    monkeypatch.setattr(devices, "cuda_device_count", count)
-    return calls
-
-
-def no_torch(monkeypatch: pytest.MonkeyPatch, visible: int | None) -> None:
-    monkeypatch.setattr(devices, "visible_gpus", lambda: visible)
-
-    def refuse() -> int:
-        raise AssertionError("pre-flight asked torch for a CUDA count")
-
-    monkeypatch.setattr(devices, "cuda_device_count", refuse)
 
 
 NCCL_ON_CPU = ("trainer.backend=nccl needs CUDA tensors, but the trainer runs on the CPU; use trainer.backend=gloo "
