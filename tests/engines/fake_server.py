@@ -46,6 +46,17 @@ def serve(fake: FakeServer) -> Iterator[FakeServer]:
             self._answer(json.loads(self.rfile.read(length) or b"{}"))
 
         def _answer(self, body: dict[str, Any]) -> None:
+            # A request counts as active until just before its last bytes go out: a client that
+            # got its answer may send the next request before this thread reaches `finally`.
+            finished = False
+
+            def finish() -> None:
+                nonlocal finished
+                if not finished:
+                    finished = True
+                    with fake.lock:
+                        fake.active -= 1
+
             with fake.lock:
                 fake.requests.append((self.path, body))
                 fake.headers.append({k.lower(): v for k, v in self.headers.items()})
@@ -62,6 +73,7 @@ def serve(fake: FakeServer) -> Iterator[FakeServer]:
                         self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
                         self.wfile.flush()
                         time.sleep(fake.chunk_delay_s)
+                    finish()
                     self.wfile.write(b"data: [DONE]\n\n")
                     return
                 data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
@@ -69,12 +81,12 @@ def serve(fake: FakeServer) -> Iterator[FakeServer]:
                 self.send_header("content-type", "application/json")
                 self.send_header("content-length", str(len(data)))
                 self.end_headers()
+                finish()
                 self.wfile.write(data)
             except (BrokenPipeError, ConnectionResetError):
                 pass
             finally:
-                with fake.lock:
-                    fake.active -= 1
+                finish()
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), H)
     server.daemon_threads = True
