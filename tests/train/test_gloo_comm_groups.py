@@ -7,6 +7,7 @@ logic in this process, where mutation testing sees it, is in tests/train/test_gl
 
 from __future__ import annotations
 
+import gc
 import traceback
 
 import pytest
@@ -16,6 +17,17 @@ import torch.multiprocessing as mp
 
 from pipeline.train.distributed.gloo_comm import AllReduceScatter, BroadcastAllGather
 from tests.train.trainer_fixtures import free_port, tiny_llama
+
+
+def _leave() -> None:
+    """Free what holds the group (sharded models, their pending gloo work) and leave together.
+    A ProcessGroupGloo that outlives `destroy_process_group` (a sharded model's mesh keeps it) is
+    freed during interpreter finalisation, and its worker threads abort the process (SIGABRT,
+    "terminate called without an active exception": CI saw it under load; pytorch PR 179291)."""
+    gc.collect()
+    dist.barrier()
+    dist.destroy_process_group()
+    gc.collect()
 
 
 def _against_gloo(rank: int, size: int, port: int, errors) -> None:
@@ -37,7 +49,7 @@ def _against_gloo(rank: int, size: int, port: int, errors) -> None:
                     got = torch.full((n,), float("nan"), dtype=dtype)
                     assert AllReduceScatter()(got, y.clone(), g, op) is None
                     assert torch.equal(got, want), (dtype, n, op)
-        dist.destroy_process_group()
+        _leave()
     except BaseException:  # noqa: BLE001 - reported to the parent
         errors.put(f"rank {rank}: {traceback.format_exc()}")
         raise
@@ -78,7 +90,8 @@ def _fsdp2_units_use_them(rank: int, port: int, errors) -> None:
             else:
                 assert calls["broadcast"] == 0 and calls["all_reduce"] == 0, calls
                 assert calls["all_gather_single"] == 6 and calls["reduce_scatter_single"] == 3, calls
-        dist.destroy_process_group()
+            del model, loss
+        _leave()
     except BaseException:  # noqa: BLE001
         errors.put(f"rank {rank}: {traceback.format_exc()}")
         raise
