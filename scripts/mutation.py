@@ -122,6 +122,7 @@ MODULES: dict[str, tuple[list[str], list[str] | None]] = {
     # the trainer's pre-flight refusals and warnings (workers, devices, strategies, splits, async)
     "pipeline/train/preflight.py": (["tests/train/test_trainer_preflight_keys.py",
                                      "tests/train/test_trainer_preflight_distributed.py",
+                                     "tests/train/test_trainer_preflight_async.py",
                                      "tests/engines/test_trainer_preflight.py", "tests/train/test_disk.py",
                                      "tests/train/test_train_async.py"], None),
     # which weights reach which engine after an update (full, LoRA adapter folders, object refs)

@@ -67,6 +67,21 @@ def test_no_gpu_for_the_trainer_is_refused_naming_the_key(own: bool) -> None:
         gpus_for_trainer(0, own)
 
 
+@pytest.mark.parametrize("mask,shown", [(None, "CUDA_VISIBLE_DEVICES is not set"), ("", "CUDA_VISIBLE_DEVICES=''"),
+                                        ("0,1", "CUDA_VISIBLE_DEVICES='0,1'")])
+def test_the_refusals_show_the_gpu_mask_or_that_it_is_not_set(monkeypatch, mask, shown) -> None:
+    if mask is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", mask)
+    for call, key in ((lambda: engine_gpu_index(0, True), "engine.device resolves to cuda"),
+                      (lambda: gpus_for_trainer(0, False), "trainer.device resolves to cuda"),
+                      (lambda: devices.resolve_device("cuda", "trainer.device", 0), "trainer.device=cuda")):
+        with pytest.raises(DeviceError) as err:
+            call()
+        assert str(err.value).startswith(key) and f"({shown}); use " in str(err.value)
+
+
 # -- when the process-level CPU tunings switch off ------------------------------------------------
 
 PG = "policy_gradient"

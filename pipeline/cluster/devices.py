@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["BACKENDS", "DEVICES", "DeviceError", "FUNCTION_TRAINER", "HF_ENGINE", "cuda_device_count",
-           "cpu_tuning_note", "engine_gpu_index", "gpus_for_trainer", "process_cpu_idle", "process_tuning_note",
-           "resolve_backend", "resolve_device", "visible_gpus"]
+           "cpu_tuning_note", "engine_gpu_index", "gpu_mask", "gpus_for_trainer", "process_cpu_idle",
+           "process_tuning_note", "resolve_backend", "resolve_device", "visible_gpus"]
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +78,12 @@ def cuda_device_count() -> int:
     return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
 
 
+def gpu_mask() -> str:
+    """CUDA_VISIBLE_DEVICES as an error message shows it: its value, or that it is not set."""
+    mask = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return "CUDA_VISIBLE_DEVICES is not set" if mask is None else f"CUDA_VISIBLE_DEVICES={mask!r}"
+
+
 def resolve_device(choice: object, key: str, gpus: int | None = None) -> str:
     """"cpu" or "cuda" for the setting `choice` of `key` (e.g. "trainer.device"); `gpus` is the
     GPU count to judge by (None: `cuda_device_count()`)."""
@@ -88,8 +94,7 @@ def resolve_device(choice: object, key: str, gpus: int | None = None) -> str:
     count = cuda_device_count() if gpus is None else gpus
     if choice == "cuda" and count == 0:
         raise DeviceError(f"{key}=cuda, but this machine has no CUDA device torch can use "
-                          f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}); "
-                          f"use {key}=cpu or {key}=auto")
+                          f"({gpu_mask()}); use {key}=cpu or {key}=auto")
     return "cuda" if count > 0 else "cpu"
 
 
@@ -118,8 +123,8 @@ def engine_gpu_index(visible: int, colocate: bool) -> int:
     """The GPU index of the hf engine on CUDA among `visible` GPUs: 0 colocated with the
     trainer's worker 0 (`engine.colocate=true`), else the last one, `visible - 1`, of its own."""
     if visible < 1:
-        raise DeviceError(f"engine.device resolves to cuda, but no GPU is visible (CUDA_VISIBLE_DEVICES="
-                          f"{os.environ.get('CUDA_VISIBLE_DEVICES')!r}); use engine.device=cpu")
+        raise DeviceError(f"engine.device resolves to cuda, but no GPU is visible ({gpu_mask()}); "
+                          "use engine.device=cpu")
     return 0 if colocate else visible - 1
 
 
@@ -133,8 +138,7 @@ def gpus_for_trainer(visible: int, engine_on_own_gpu: bool) -> int:
         raise DeviceError("trainer.device resolves to cuda, but this machine has 1 GPU and the hf engine takes it "
                           "for itself (engine.colocate=false gives the engine the last GPU); set engine.colocate=true "
                           "to share cuda:0 with the trainer's worker 0, or trainer.device=cpu / engine.device=cpu")
-    raise DeviceError(f"trainer.device resolves to cuda, but no GPU is visible (CUDA_VISIBLE_DEVICES="
-                      f"{os.environ.get('CUDA_VISIBLE_DEVICES')!r}); use trainer.device=cpu")
+    raise DeviceError(f"trainer.device resolves to cuda, but no GPU is visible ({gpu_mask()}); use trainer.device=cpu")
 
 
 def process_tuning_note(part: str, reason: str) -> str:
