@@ -51,6 +51,11 @@ __all__ = ["TrainRun"]
 
 logger = logging.getLogger(__name__)
 
+# a rollout that has submitted this many times its batch (then twice, four times as many...) with
+# the batch still short logs why: a dynamic filter passing (almost) nothing fetches for ever, as
+# slime's loop does (the batch keeps its exact size; the warning is the only sign)
+STARVING_FACTOR = 20
+
 
 class TrainRun(LeftoverGroups):
     """State of one `EngineRollout` train call (see module docstring); where the groups the batch
@@ -83,6 +88,7 @@ class TrainRun(LeftoverGroups):
         self.decided_flights: list[Flight] = []
         self.next_order = self.next_decide = 0
         self.submitted = self.dropped = self.accepted = self.decided = 0
+        self._starving_at = STARVING_FACTOR * self.target
         self.count: Counter[str] = Counter()
         self.progress: Progress | None = None
         # group-mode rewards (slime's group_rm) score a whole group once all of it is generated
@@ -164,6 +170,22 @@ class TrainRun(LeftoverGroups):
                 self.next_order += 1
                 self.tasks[asyncio.create_task(self._run_group(flight))] = flight
                 self.submitted += 1
+            self._warn_if_starving()
+
+    def _warn_if_starving(self) -> None:
+        """Once this rollout has submitted STARVING_FACTOR x its batch, and at every doubling after,
+        log what the dynamic filter dropped: one that passes nothing makes the rollout fetch for ever."""
+        if self.submitted < self._starving_at:
+            return
+        self._starving_at *= 2
+        prefix = "dynamic_filter/drop_"
+        drops = ", ".join(f"{k.removeprefix(prefix)} {n}" for k, n in sorted(self.count.items())
+                          if k.startswith(prefix))
+        logger.warning("rollout %d: %d groups submitted for a batch of %d, %d kept so far (dynamic filter drops: %s); "
+                       "a dynamic filter that passes (almost) nothing keeps this rollout fetching for ever, as "
+                       "slime's does: check the rewards (rollout/raw_reward), or let it keep groups when short "
+                       "(dynamic_filter=nonzero_std_fallback)", self.rollout_id, self.submitted, self.target,
+                       len(self.kept), drops or "none yet")
 
     def _buffered_ids(self) -> set[int]:
         """ids of the first sample of every group in the source's buffer (to count what it serves)."""

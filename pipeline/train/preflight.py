@@ -153,15 +153,13 @@ def _where_key_problems(node: dict[str, Any]) -> list[str]:
     return out
 
 
-def _ray_address(cfg: dict[str, Any], node: dict[str, Any]) -> str | None:
-    """The Ray cluster N workers join: trainer.address, else engine=ray's (None: a local Ray)."""
+def _joins_a_cluster(cfg: dict[str, Any], node: dict[str, Any]) -> bool:
+    """Whether N workers join a Ray cluster: trainer.address, else engine=ray's (neither: a local Ray)."""
     if node.get("address") is not None:
-        return str(node["address"])
+        return True
     engine = cfg.get("engine")
-    if target_of(engine) == _RAY_ENGINE:
-        # engine.address is optional for the ray engine (RayEngine's own default is None)
-        return engine.get("address")
-    return None
+    # engine.address is optional for the ray engine (RayEngine's own default is None)
+    return target_of(engine) == _RAY_ENGINE and engine.get("address") is not None
 
 
 def _where(cfg: dict[str, Any], node: dict[str, Any]) -> _Where:
@@ -169,11 +167,11 @@ def _where(cfg: dict[str, Any], node: dict[str, Any]) -> _Where:
     DeviceError for a device this machine cannot give it. torch is asked for its GPU count only
     when the answer needs it: device=cuda, or auto with N workers on a machine that may have GPUs."""
     workers, choice = node["num_workers"], node["device"]
-    local = workers == 1 or _ray_address(cfg, node) is None
+    local = workers == 1 or not _joins_a_cluster(cfg, node)
     if choice == "cpu":
         return _Where(workers, "cpu", None, local)
-    if not local:  # the workers' nodes decide what auto means, and have the GPUs
-        return _Where(workers, "cuda" if choice == "cuda" else None, None, local)
+    if not local:  # the workers' nodes decide what auto means and have the GPUs: nothing to check here
+        return _Where(workers, None, None, local)
     visible = devices.visible_gpus()
     if visible == 0:
         gpus: int | None = 0
@@ -184,18 +182,15 @@ def _where(cfg: dict[str, Any], node: dict[str, Any]) -> _Where:
     return _Where(workers, devices.resolve_device(choice, "trainer.device", gpus), gpus, local)
 
 
-def _engine_gpu(cfg: dict[str, Any], gpus: int) -> bool:
-    """Whether the hf engine keeps a GPU of its own (engine.device on CUDA, engine.colocate false)."""
+def _engine_gpu(cfg: dict[str, Any]) -> bool:
+    """Whether the hf engine keeps a GPU of its own beside a CUDA trainer: engine.device cuda or
+    auto (auto is CUDA where the trainer's is), engine.colocate not true. engine.device and
+    engine.colocate are new to conf/engine/hf.yaml (issue 29) and may be absent from an engine
+    node: no device is the CPU engine of before, no colocate a GPU of its own; a bad device is
+    the engine's own checks' to report."""
     engine = cfg.get("engine")
-    if target_of(engine) != _HF_ENGINE:
-        return False
-    # engine.device and engine.colocate are new to conf/engine/hf.yaml (issue 29) and may be absent
-    # from an engine node: no device is the CPU engine of before, no colocate a GPU of its own
-    try:
-        on_cuda = devices.resolve_device(engine.get("device", "cpu"), "engine.device", gpus) == "cuda"
-    except devices.DeviceError:
-        return False  # the engine's own checks report its device
-    return on_cuda and engine.get("colocate", False) is not True
+    return (target_of(engine) == _HF_ENGINE and engine.get("device") in ("cuda", "auto")
+            and engine.get("colocate") is not True)
 
 
 def _where_problems(cfg: dict[str, Any], node: dict[str, Any]) -> list[str]:
@@ -210,7 +205,7 @@ def _where_problems(cfg: dict[str, Any], node: dict[str, Any]) -> list[str]:
         return [str(exc)]
     if where.device is not None:
         try:
-            devices.resolve_backend(node["backend"], where.device, "trainer.backend")
+            devices.resolve_backend(node["backend"], where.device)  # its key: trainer.backend
         except devices.DeviceError as exc:
             out.append(str(exc))
     if where.device == "cuda" and where.local and where.gpus is not None:
@@ -222,7 +217,7 @@ def _where_problems(cfg: dict[str, Any], node: dict[str, Any]) -> list[str]:
 
 def _gpu_problems(cfg: dict[str, Any], workers: int, gpus: int) -> list[str]:
     """More CUDA workers than this machine's `gpus` (less the hf engine's own)."""
-    engine = _engine_gpu(cfg, gpus)
+    engine = _engine_gpu(cfg)
     free = gpus - int(engine)
     if workers <= free:
         return []

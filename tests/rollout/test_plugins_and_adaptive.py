@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -184,3 +185,47 @@ def test_adaptive_with_the_fallback_filter_fills_a_batch_nothing_passes(make_rol
         assert out.metrics["rollout/groups_submitted"] == 40  # the look-ahead budget, then no more
         assert out.metrics["rollout/dynamic_filter/drop_zero_std_0.0"] == 36
         assert out.metrics["rollout/filter_pass_rate"] == 0
+
+
+class DropFirst:
+    """A dynamic filter dropping its first `n` groups (every reward 0, say), then keeping."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.seen = n, 0
+
+    def __call__(self, args: Any, samples: list, **kw: Any) -> DynamicFilterOutput:
+        self.seen += 1
+        return DynamicFilterOutput(keep=self.seen > self.n, reason="zero_std_0.0")
+
+
+@pytest.mark.parametrize("mode", ["fixed", "adaptive"])
+def test_a_filter_passing_nothing_for_long_is_named_at_20x_the_batch_and_each_doubling(
+        make_rollout, make_source, caplog, mode):
+    """slime's loop fetches for ever while its filter passes nothing; ours too, but it says so:
+    at 20 x the batch submitted (40 for a batch of 2) and again at 80, naming the drops."""
+    from pipeline.rollout.train_run import STARVING_FACTOR
+
+    assert STARVING_FACTOR == 20
+    args = make_args(rollout_batch_size=2, n_samples_per_prompt=1, over_sampling_batch_size=2)
+    rollout = make_rollout(dynamic_filter=DropFirst(85), over_sampling=mode, deterministic=True)
+    with caplog.at_level("WARNING", logger="pipeline.rollout.train_run"):
+        out = rollout(args, 0, make_source(buffered=False))
+    assert len(out.samples) == 2 and out.metrics["rollout/dynamic_filter/drop_zero_std_0.0"] == 85
+    said = [r.getMessage() for r in caplog.records if "groups submitted for a batch of" in r.getMessage()]
+    assert len(said) == 2, said
+    for text, at in zip(said, (40, 80)):
+        submitted = int(re.match(r"rollout 0: (\d+) groups submitted", text).group(1))
+        # fixed fetches 2 at a time and lands on it; adaptive's rounds may cross it (past its budget
+        # of 20 groups it fetches as fixed does, sized by its estimate)
+        assert submitted == at if mode == "fixed" else at <= submitted < at + 10
+        assert text.startswith(f"rollout 0: {submitted} groups submitted for a batch of 2, 0 kept so far (dynamic "
+                               f"filter drops: zero_std_0.0 ")
+        assert text.endswith("a dynamic filter that passes (almost) nothing keeps this rollout fetching for ever, "
+                             "as slime's does: check the rewards (rollout/raw_reward), or let it keep groups when "
+                             "short (dynamic_filter=nonzero_std_fallback)")
+    # the counter starts again with each rollout, and a filter that passes is never named
+    caplog.clear()
+    rollout.dynamic_filter = DropFirst(0)
+    with caplog.at_level("WARNING", logger="pipeline.rollout.train_run"):
+        rollout(args, 1, make_source(buffered=False))
+    assert "groups submitted for a batch of" not in caplog.text

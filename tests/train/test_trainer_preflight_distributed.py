@@ -397,3 +397,12 @@ def test_no_contention_warning_for_a_config_with_problems_or_without_the_trainer
     function = plain(num_workers=4, num_threads=4)
     function["trainer"]["_target_"] = "pipeline.train.function.FunctionTrainer"
     assert trainer_warnings(function) == []
+
+
+@pytest.mark.parametrize("threads", [None, "4", 2.5, 0, -1, True])
+def test_no_contention_warning_for_a_thread_count_that_is_not_a_positive_integer(monkeypatch, threads):
+    """trainer.num_threads is refused by trainer_problems; the warning neither fails on it nor
+    multiplies it (2 workers x 2.5 threads would be "5 torch threads")."""
+    no_torch(monkeypatch, 0)
+    cpus(monkeypatch, 2)
+    assert trainer_warnings(plain(num_workers=2, num_threads=threads)) == []
