@@ -125,6 +125,10 @@ MODULES: dict[str, tuple[list[str], list[str] | None]] = {
                                      "tests/train/test_trainer_preflight_async.py",
                                      "tests/engines/test_trainer_preflight.py", "tests/train/test_disk.py",
                                      "tests/train/test_train_async.py"], None),
+    # trainer=policy_gradient's target: one worker in process, N through the driver; the disk line
+    "pipeline/train/build.py": (["tests/train/test_build.py"], None),
+    # trainer=function: the user's train function, its metrics, version and state
+    "pipeline/train/function.py": (["tests/train/test_function_trainer.py", "tests/train/test_train_sync.py"], None),
     # which weights reach which engine after an update (full, LoRA adapter folders, object refs)
     "pipeline/train/sync.py": (["tests/train/test_train_sync.py", "tests/train/test_trainer_real_model.py",
                                 "tests/engines/test_vllm_follows_trainer.py"], None),

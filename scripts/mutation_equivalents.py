@@ -298,4 +298,15 @@ EQUIVALENT: dict[str, str] = {
         "transformers' default as when the key is missing (the asked one is pinned by test_model.py)"),
     "pipeline.train.model.x_save_adapter__mutmut_11": "peft's save_pretrained defaults to safe_serialization=True",
     "pipeline.train.model.x_wrap_lora__mutmut_18": 'LoraConfig\'s default bias is "none", the value given',
+    # pipeline/train/preflight.py
+    **{f"pipeline.train.preflight.x__where__mutmut_{i}": (
+        "`local` of a _Where whose device is None is never read: trainer_warnings stops at `device != \"cpu\"` "
+        "and _where_problems at `device == \"cuda\"` before it; None is as falsy as False (the cluster "
+        "branch) and the auto-in-process branch has device None too") for i in (29, 47)},
+    "pipeline.train.preflight.x__where_problems__mutmut_24": (
+        "on CUDA the backend check cannot fail (gloo, nccl and auto all run there; the choice itself was "
+        "checked by _where_key_problems), so `out` is still empty when the GPU problems are added"),
+    "pipeline.train.preflight.x__where_problems__mutmut_32": (
+        "_split_problems of 1 worker is always empty: 1 <= global_batch_size < 1 cannot hold and a valid "
+        "rollout has rollout_batch_size x n_samples_per_prompt >= 1 samples"),
 }
