@@ -309,4 +309,8 @@ EQUIVALENT: dict[str, str] = {
     "pipeline.train.preflight.x__where_problems__mutmut_32": (
         "_split_problems of 1 worker is always empty: 1 <= global_batch_size < 1 cannot hold and a valid "
         "rollout has rollout_batch_size x n_samples_per_prompt >= 1 samples"),
+    # pipeline/train/function.py
+    **{f"pipeline.train.function.xǁFunctionTrainerǁload__mutmut_{i}": (
+        "the state is json.dumps output, ASCII whatever the path (ensure_ascii): it reads the same as "
+        "UTF-8, as \"UTF-8\" (the same codec) and in the locale's encoding") for i in (3, 9)},
 }

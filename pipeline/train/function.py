@@ -43,8 +43,8 @@ class FunctionTrainer:
     def train(self, rollout_id: int, train_data: dict[str, Any]) -> dict[str, float]:
         """Call the function; its metrics (train/ prefixed where they have no area) plus
         perf/train_time."""
-        if self._fn is None:
-            self.bind_args(self._args)
+        if self._fn is None:  # never bound to a run (so no args): the default allowlist
+            self.bind_args(None)
         start = time.perf_counter()
         out = self._fn(self._args, rollout_id, train_data)
         if out is not None and not isinstance(out, dict):

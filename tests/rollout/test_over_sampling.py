@@ -174,6 +174,9 @@ def test_each_rollout_folds_its_rate_into_the_carried_one():
     t = adaptive(prior_pass_rate=0.8, smoothing=0.25)
     t.end_rollout(accepted=2, decided=2)
     assert t.pass_rate == pytest.approx(0.75 * 0.8 + 0.25 * 1.0)
+    one = adaptive(prior_pass_rate=1.0, smoothing=0.5)
+    one.end_rollout(accepted=0, decided=1)                    # a single decision counts too
+    assert one.pass_rate == 0.5
 
 
 def test_the_state_round_trips_the_carried_rate():

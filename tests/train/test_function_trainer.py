@@ -76,6 +76,9 @@ def test_a_function_given_directly_is_not_loaded(monkeypatch):
     monkeypatch.setattr(function, "load_object", lambda *a: pytest.fail("loaded"))
     t = FunctionTrainer(fn=recording_train, args=SlimeArgs({}))
     assert t.train(0, {})["train/loss"] == 0.5
+    CALLS.clear()
+    FunctionTrainer(fn=recording_train).train(1, {})  # never bound to a run: args None
+    assert CALLS == [(None, 1, {})]
 
 
 def test_none_is_no_metrics_and_anything_else_is_refused_naming_the_path():
