@@ -167,7 +167,7 @@ MODULES: dict[str, tuple[list[str], list[str] | None]] = {
     "pipeline/train/distributed/group.py": (["tests/train/test_distributed_fast.py"],
                                             ["pipeline.train.distributed.group.x_worker_env__mutmut_*",
                                              *[f"pipeline.train.distributed.group.xǁWorkerGroupǁ{fn}__mutmut_*"
-                                               for fn in ("__init__", "call_one", "call", "_wait", "_died",
+                                               for fn in ("__init__", "call_one", "call", "_wait", "_dead_peer", "_died",
                                                           "close")]]),
     # the allowlist part of the plugin table (moved from the old pipeline/config.py module)
     "pipeline/config/plugins.py": (["tests/test_allowlist.py", "tests/test_security.py",

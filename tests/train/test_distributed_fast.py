@@ -1541,11 +1541,12 @@ def fake_ray(monkeypatch):
     import ray
 
     pg = importlib.import_module("ray.util.placement_group")  # (ray.util.placement_group is also a function)
-    log = SimpleNamespace(waits=[], killed=[], removed=[], released=[])
+    log = SimpleNamespace(waits=[], timeouts=[], killed=[], removed=[], released=[])
 
-    def wait(pending, num_returns):
+    def wait(pending, num_returns, timeout=None):
         assert num_returns == 1
         log.waits.append(len(pending))
+        log.timeouts.append(timeout)
         return pending[:1], pending[1:]
 
     def get(ref):
@@ -1640,6 +1641,78 @@ def test_a_worker_that_raises_stops_the_group_and_reraises_its_error_with_a_note
     assert err.value is cause and err.value.__cause__ is None and err.value.__suppress_context__
     assert cause.__notes__ == ["raised by trainer worker 1 of 2 in build; the workers were stopped"]
     assert g.actors == [] and fake_ray.released == ["lease"]
+
+
+GLOO_RESET = "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Read error [10.0.0.1]:4242: Connection reset by peer"
+
+
+@pytest.mark.parametrize("message", [GLOO_RESET, "connection closed by peer", "Connection refused", "Broken pipe",
+                                     "Gloo timed out", "NCCL error: remote process exited", "socket timeout"])
+def test_a_transport_error_names_the_peer_ray_reports_dead(fake_ray, message):
+    import ray
+
+    g = running_group([_Ref(error=ray.exceptions.RayTaskError("train", "tb", RuntimeError(message))),
+                       _Ref("ok"), _Ref(error=ray.exceptions.RayActorError())], num_workers=3)
+    with pytest.raises(TrainerWorkerError) as err:
+        g.call("train")
+    assert str(err.value).startswith(
+        "trainer worker 2 of 3 died during train (node 10.0.0.2 (h2), pid 102): RayActorError; the other workers "
+        "were stopped.") and err.value.__suppress_context__ and err.value.__cause__ is None
+    # the survivor's answer is passed over, the dead peer found, each wait within the grace period
+    assert fake_ray.waits == [3, 2, 1] and fake_ray.timeouts[0] is None
+    assert all(group_module.PEER_DEATH_GRACE_S - 1 < t <= group_module.PEER_DEATH_GRACE_S
+               for t in fake_ray.timeouts[1:])
+    assert g.actors == [] and fake_ray.killed == [0, 1, 2] and fake_ray.released == ["lease"]
+
+
+def test_a_transport_error_with_every_peer_alive_is_reraised_after_the_wait(fake_ray):
+    import ray
+
+    cause = RuntimeError(GLOO_RESET)
+    other = ray.exceptions.RayTaskError("train", "tb", RuntimeError("Connection closed by peer"))
+    g = running_group([_Ref(error=ray.exceptions.RayTaskError("train", "tb", cause)), _Ref(error=other),
+                       _Ref("ok")], num_workers=3)
+    with pytest.raises(RuntimeError) as err:
+        g.call("train")
+    assert err.value is cause and cause.__notes__ == ["raised by trainer worker 0 of 3 in train; the workers were "
+                                                      "stopped"]
+    assert fake_ray.waits == [3, 2, 1] and g.actors == []
+
+
+def test_a_transport_error_waits_no_longer_than_the_grace_period(fake_ray, monkeypatch):
+    import ray
+
+    monkeypatch.setattr(group_module, "PEER_DEATH_GRACE_S", 0.0)
+    cause = RuntimeError(GLOO_RESET)
+    g = running_group([_Ref(error=ray.exceptions.RayTaskError("train", "tb", cause)),
+                       _Ref(error=ray.exceptions.RayActorError())])
+    with pytest.raises(RuntimeError) as err:
+        g.call("train")
+    assert err.value is cause and fake_ray.waits == [2]
+
+
+def test_the_grace_period_ends_the_wait_at_its_deadline(fake_ray, monkeypatch):
+    import ray
+
+    clock = iter([100.0, 109.5, 110.0])  # the deadline is set, half a second is left, none is
+    monkeypatch.setattr(group_module, "time", SimpleNamespace(monotonic=lambda: next(clock)))
+    cause = RuntimeError(GLOO_RESET)
+    g = running_group([_Ref(error=ray.exceptions.RayTaskError("train", "tb", cause)), _Ref("ok"),
+                       _Ref(error=ray.exceptions.RayActorError())], num_workers=3)
+    with pytest.raises(RuntimeError) as err:
+        g.call("train")
+    assert err.value is cause and fake_ray.waits == [3, 2] and fake_ray.timeouts == [None, 0.5]
+
+
+def test_a_workers_own_error_does_not_wait_for_its_peers(fake_ray):
+    import ray
+
+    cause = ValueError("bad reward hook")
+    g = running_group([_Ref(error=ray.exceptions.RayTaskError("train", "tb", cause)),
+                       _Ref(error=ray.exceptions.RayActorError())])
+    with pytest.raises(ValueError) as err:
+        g.call("train")
+    assert err.value is cause and fake_ray.waits == [2]
 
 
 def test_a_worker_failure_without_an_exception_is_a_trainer_worker_error(fake_ray):

@@ -9,6 +9,7 @@ import os
 import shutil
 import signal
 import tempfile
+import threading
 
 import pytest
 import torch
@@ -180,12 +181,17 @@ def test_checkpoints_reshard_both_ways_and_resume_exactly(checkpoint, tmp_path):
     assert all(drawn_fresh[k] != streams[k] for k in streams)  # not a re-seed: the streams moved on
 
 
-def test_a_killed_worker_stops_the_run_naming_it(checkpoint, tmp_path):
+@pytest.mark.parametrize("when", ["before the step", "during a step"])
+def test_a_killed_worker_stops_the_run_naming_it(checkpoint, tmp_path, when):
     dist = distributed(checkpoint, run_dir=str(tmp_path / "run"))
     pid = dist.group.where[1]["pid"]
-    os.kill(pid, signal.SIGKILL)
+    if when == "before the step":
+        os.kill(pid, signal.SIGKILL)
+    else:  # rank 0 then sees gloo's "Connection reset by peer" before Ray sees worker 1 exit
+        threading.Timer(0.3, os.kill, (pid, signal.SIGKILL)).start()
     with pytest.raises(TrainerWorkerError) as err:
-        dist.train(0, grpo_data())
+        for step in range(50):
+            dist.train(step, grpo_data())
     text = str(err.value)
     assert "trainer worker 1 of 2 died during train" in text and f"pid {pid}" in text
     assert f"python run.py resume={tmp_path / 'run'}" in text

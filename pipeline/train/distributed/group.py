@@ -8,8 +8,11 @@ a free port, and has every worker join `torch.distributed` there. `call(method, 
 runs a method on every worker at once (each is a collective) and returns their results in rank
 order. If a worker's process dies (a crash, kill -9, its node lost), the call ends at once: every
 worker is stopped (the survivors would wait in a collective until `collective_timeout_s`) and
-`TrainerWorkerError` names the worker, its node, and what to do next. A worker that raises
-(a bad hook, a model it cannot shard) stops the group the same way and re-raises its error.
+`TrainerWorkerError` names the worker, its node, and what to do next. A killed worker's peers often
+see the broken connection (gloo: "Connection reset by peer") before Ray sees the exit; such a
+transport error waits up to `PEER_DEATH_GRACE_S` for Ray to name a dead peer, and names that one.
+A worker that raises (a bad hook, a model it cannot shard) stops the group the same way and
+re-raises its error.
 Workers get the driver's `sys.path` (so plugins by dotted path import there too) and their
 torch thread count through their environment.
 """
@@ -18,18 +21,27 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
+import time
 from typing import Any
 
 from pipeline.cluster import ray_runtime
 
-__all__ = ["PLACEMENT_TIMEOUT_S", "TrainerWorkerError", "WorkerGroup", "worker_env"]
+__all__ = ["PEER_DEATH_GRACE_S", "PLACEMENT_TIMEOUT_S", "TrainerWorkerError", "WorkerGroup", "worker_env"]
 
 logger = logging.getLogger(__name__)
 
 # seconds to wait for the cluster to place every worker before the run is refused (a cluster
 # that is short of CPUs or GPUs never places them)
 PLACEMENT_TIMEOUT_S = 120.0
+
+# seconds a worker's transport error (a collective whose peer went away) waits for Ray to report
+# which peer died; Ray sees a killed process within about a second
+PEER_DEATH_GRACE_S = 10.0
+
+# what a collective raises when a peer's process is gone (gloo, NCCL, their sockets)
+_PEER_LOST = re.compile(r"connection (reset|closed|refused)|broken pipe|gloo|nccl|socket", re.IGNORECASE)
 
 
 class TrainerWorkerError(RuntimeError):
@@ -122,14 +134,34 @@ class WorkerGroup:
                     self.close()
                     raise TrainerWorkerError(self._died(rank, method, exc)) from None
                 except ray.exceptions.RayTaskError as exc:
-                    self.close()
                     cause = getattr(exc, "cause", None)  # the worker's own exception
+                    dead = self._dead_peer(pending, refs, ranks) if _PEER_LOST.search(str(cause)) else None
+                    self.close()
+                    if dead is not None:
+                        raise TrainerWorkerError(self._died(dead[0], method, dead[1])) from None
                     if not isinstance(cause, Exception):
                         raise TrainerWorkerError(f"trainer worker {rank} failed in {method}: {exc}") from None
                     cause.add_note(f"raised by trainer worker {rank} of {self.num_workers} in {method}; the "
                                    f"workers were stopped")
                     raise cause from None
         return ray.get(refs)
+
+    def _dead_peer(self, pending: list[Any], refs: list[Any], ranks: list[int]) -> tuple[int, BaseException] | None:
+        """The first of the `pending` calls that Ray reports dead within `PEER_DEATH_GRACE_S`:
+        (its rank, Ray's error), or None if none does."""
+        import ray
+
+        deadline = time.monotonic() + PEER_DEATH_GRACE_S
+        while pending and (left := deadline - time.monotonic()) > 0:
+            done, pending = ray.wait(pending, num_returns=1, timeout=left)
+            for ref in done:
+                try:
+                    ray.get(ref)
+                except ray.exceptions.RayActorError as exc:
+                    return ranks[refs.index(ref)], exc
+                except Exception:  # noqa: BLE001 - a survivor's own transport error
+                    pass
+        return None
 
     def _died(self, rank: int, method: str, exc: BaseException) -> str:
         w = self.where[rank] if rank < len(self.where) else {}
