@@ -11,14 +11,24 @@ the best pass@1 within --minutes, and the median seconds per step split into gen
 Wall clock comes from the job's run.log: its first line is written when the job starts (before
 the model loads), each eval line when that eval ends.
 
+`--against OTHER_SWEEP` asks whether this sweep learns as another one does (say 2 trainer workers
+against 1, each over the same seeds): `spread_test` compares the two sets of eval curves (the
+rollouts after 0 that both have) by the mean difference of pass@1, with an exact permutation test
+over the runs (which runs are called "this sweep" is shuffled, whole curves at a time), and counts
+this sweep's values below the lowest / above the highest of the other's at the same rollout,
+against the count a shuffle of the same runs gives.
+
 Usage: python bench/learn.py [--seeds 1,2,3] [--minutes 15] [--target 0.8] [--from SWEEP_DIR]
-       [-- extra overrides ...]
+       [--against OTHER_SWEEP_DIR] [-- extra overrides ...]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import math
+import random
 import re
 import statistics
 import subprocess
@@ -115,6 +125,49 @@ def table(summaries: list[dict[str, Any]], minutes: float, target: float) -> str
     return "\n".join(lines)
 
 
+# at most this many relabellings of the runs are drawn (all of them when there are fewer)
+PERMUTATIONS = 20_000
+
+
+def _outside(these: list[list[float]], others: list[list[float]]) -> tuple[int, int]:
+    """How many values of `these` lie below the lowest / above the highest of `others` at the same step."""
+    low = [min(c[i] for c in others) for i in range(len(others[0]))]
+    high = [max(c[i] for c in others) for i in range(len(others[0]))]
+    below = sum(c[i] < low[i] for c in these for i in range(len(low)))
+    return below, sum(c[i] > high[i] for c in these for i in range(len(high)))
+
+
+def _mean_gap(these: list[list[float]], others: list[list[float]]) -> float:
+    steps = range(len(others[0]))
+    return statistics.mean(statistics.mean(c[i] for c in these) - statistics.mean(c[i] for c in others)
+                           for i in steps)
+
+
+def spread_test(these: dict[str, dict[int, float]], others: dict[str, dict[int, float]]) -> dict[str, Any]:
+    """Do the runs `these` (job -> {rollout: pass@1}) learn as the runs `others` do (module docstring)?"""
+    steps = sorted(set.intersection(*(set(c) for c in [*these.values(), *others.values()])) - {0})
+    if not steps or len(these) < 1 or len(others) < 2:
+        raise ValueError(f"spread_test: needs evals after rollout 0 common to every run and 2 or more runs to "
+                         f"compare with (got {len(these)} and {len(others)} runs, common rollouts {steps})")
+    a = [[c[s] for s in steps] for c in these.values()]
+    b = [[c[s] for s in steps] for c in others.values()]
+    runs, n = a + b, len(a)
+    every = itertools.combinations(range(len(runs)), n)
+    picks = list(every) if math.comb(len(runs), n) <= PERMUTATIONS else [
+        tuple(random.Random(i).sample(range(len(runs)), n)) for i in range(PERMUTATIONS)]
+    gap, (below, above) = _mean_gap(a, b), _outside(a, b)
+    gaps, belows = [], []
+    for pick in picks:
+        x, y = [runs[i] for i in pick], [runs[i] for i in range(len(runs)) if i not in pick]
+        gaps.append(_mean_gap(x, y))
+        belows.append(_outside(x, y)[0])
+    return {"rollouts": steps, "runs": [n, len(b)], "mean gap": gap,
+            "p (|gap| at least this)": sum(abs(g) >= abs(gap) - 1e-12 for g in gaps) / len(picks),
+            "below the lowest": below, "above the highest": above, "values": n * len(steps),
+            "below the lowest, shuffled runs (mean)": statistics.mean(belows),
+            "p (as many below)": sum(x >= below for x in belows) / len(picks), "permutations": len(picks)}
+
+
 _SWEEP_KEY = "hydra.sweep.dir="
 
 
@@ -135,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", type=float, default=0.8)
     parser.add_argument("--key", default="eval/math-pass@1", help="the eval metric")
     parser.add_argument("--from", dest="sweep", default=None, help="a finished sweep dir (no new runs)")
+    parser.add_argument("--against", default=None, help="another finished sweep dir to compare the curves with")
     parser.add_argument("overrides", nargs="*", help="more run.py overrides (after --)")
     a = parser.parse_args(argv)
     if a.sweep is None:
@@ -158,6 +212,12 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(f"{s['job']}: (rollout, pass@1, minutes) {s['curve']}\n")
     sys.stdout.write(f"\nreport: {report['markdown']}\nplots: {' '.join(map(str, report['plots']))}\n"
                      f"summary: {out}\n")
+    if a.against is not None:
+        others = [job_summary(job, a.minutes, a.target, a.key) for job in sorted(
+            p for p in Path(a.against).iterdir() if (p / "metrics.jsonl").exists())]
+        result = spread_test({s["job"]: {r: v for r, v, _ in s["curve"]} for s in summaries},
+                             {s["job"]: {r: v for r, v, _ in s["curve"]} for s in others})
+        sys.stdout.write(f"against {a.against}: {json.dumps(result)}\n")
     ok = all(s["best within budget"] is not None and s["best within budget"] >= a.target for s in summaries)
     return 0 if ok else 1
 
