@@ -109,6 +109,10 @@ MODULES: dict[str, tuple[list[str], list[str] | None]] = {
     "pipeline/train/policy_gradient.py": (["tests/train/test_policy_gradient.py",
                                            "tests/train/test_policy_gradient_parallel.py",
                                            "tests/train/test_train_sync.py"], None),
+    # what the trainer fixes before its updates (advantages, a custom advantage hook) and the
+    # micro-batches cut from it: real, empty (a worker's padding), slime's custom loss
+    "pipeline/train/prepared.py": (["tests/train/test_prepared.py", "tests/train/test_policy_gradient.py",
+                                    "tests/train/test_policy_gradient_parallel.py"], None),
     # the report's constant series and merged panels (the drawing itself is pinned by tests/test_report.py)
     "pipeline/report/shape.py": (["tests/test_report_shape.py"], None),
     # the disk estimate and the pruning of trainer states (trainer.keep_states)

@@ -278,9 +278,6 @@ EQUIVALENT: dict[str, str] = {
     "pipeline.train.policy_gradient.xǁPolicyGradientTrainerǁ__init____mutmut_87": "None and False are both falsy: the model loads on first use either way",
     "pipeline.train.policy_gradient.xǁPolicyGradientTrainerǁ_log_probs__mutmut_1": "the default of `passes` is never used: every caller passes it",
     "pipeline.train.policy_gradient.xǁPolicyGradientTrainerǁtrain__mutmut_119": "float('NAN') is float('nan'): the log line says nan either way",
-    **{f"pipeline.train.policy_gradient.xǁPolicyGradientTrainerǁ_custom_loss__mutmut_{i}": "pad_tokens puts the batch on its tokens' device when given none, "
-       "and the tokens are on the trainer's device already (TrainSamples.to(device) in train and prepare)"
-       for i in (3, 5)},
     "pipeline.train.policy_gradient.xǁPolicyGradientTrainerǁload__mutmut_1": ("self.model is an argument of both state loads, so it is loaded (and the KL "
                            "reference copied) before either reads the state, with or without this line"),
     # pipeline/train/sync.py

@@ -15,14 +15,14 @@
    clipping at `clip_grad`, AdamW with the warm-up/decay schedule;
 4. `weight_version` goes up by one; metrics train/* and perf/* come back.
 `weights_for_engine()` gives the policy under full HF names (LoRA merged); `save(dir)` / `load(dir)`
-write and read the whole state (`pipeline.train.state`).
+write and read the whole state (`pipeline.train.state`). What `prepare` fixes and the micro-batches
+cut from it: `pipeline.train.prepared`.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -32,11 +32,12 @@ from pipeline.config.args import SlimeArgs
 from pipeline.engines.assets import resolve_checkpoint
 from pipeline.config.plugins import allowed_targets, load_object
 from pipeline.process.precision import resolve_bf16
-from pipeline.train import batches, model as policy_model
+from pipeline.train import batches, model as policy_model, prepared as prep
 from pipeline.train.distributed import shards
 from pipeline.train.distributed.shards import load_sharded
 from pipeline.train.losses import KL_LOSS_TYPES, LOSS_AGG_MODES, sample_mean_reducer
 from pipeline.train.objective import LossHooks, MicroBatch, policy_loss
+from pipeline.train.prepared import Prepared
 from pipeline.train.optim import LrSchedule, make_adamw
 from pipeline.train.parallel import LocalParallel, Parallel
 from pipeline.train.shared_prompt import response_passes, shared_prompt_log_probs
@@ -49,34 +50,6 @@ logger = logging.getLogger(__name__)
 # slime's trainer-side hook keys (dotted paths, loaded with the run's allowlist in `bind_args`)
 HOOK_KEYS = ("custom_loss_function_path", "custom_advantage_function_path", "custom_tis_function_path",
              "custom_pg_loss_reducer_function_path")
-
-
-@dataclass
-class _Prepared:
-    """A rollout's samples with everything fixed before the updates."""
-
-    samples: batches.TrainSamples
-    advantages: list[torch.Tensor]
-    # None: the sample is trained before any update; its old log-probs are the training
-    # forward's own, detached
-    old_log_probs: list[torch.Tensor | None]
-    ref_log_probs: list[torch.Tensor] | None
-
-
-def _empty_tokens(device: torch.device) -> torch.Tensor:
-    """The sequence of an empty micro-batch: a prompt token and a response token (id 0)."""
-    return torch.zeros(2, dtype=torch.long, device=device)
-
-
-def _empty_micro_batch(prepared: _Prepared, device: torch.device) -> tuple[MicroBatch, list[torch.Tensor]]:
-    """What a worker runs when its share of a step ran out before a peer's (its model calls
-    are collectives the peers wait for): one sample of loss mask 0 with the optional tensors the
-    real ones have; its loss is multiplied by 0 and its metrics are not counted."""
-    zero = torch.zeros(1, dtype=torch.float32, device=device)
-    batch = MicroBatch(response_lengths=[1], total_lengths=[2], loss_masks=[zero], advantages=[zero],
-                       old_log_probs=[zero], ref_log_probs=None if prepared.ref_log_probs is None else [zero],
-                       rollout_log_probs=None if prepared.samples.rollout_log_probs is None else [zero])
-    return batch, [_empty_tokens(device)]
 
 
 class PolicyGradientTrainer:
@@ -219,7 +192,7 @@ class PolicyGradientTrainer:
         return out
 
     def prepare(self, train_data: dict[str, Any] | batches.TrainSamples,
-                first_step: list[int] | None = None) -> _Prepared:
+                first_step: list[int] | None = None) -> Prepared:
         """Fix old log-probs, reference log-probs and advantages before any update. The samples
         in `first_step` get no old log-probs (None) when the trainer recomputes them and no hook
         reads them: the first step's training forward gives the same values."""
@@ -239,18 +212,9 @@ class PolicyGradientTrainer:
             model = self.model  # loaded first: the reference is copied when the policy is
             with policy_model.reference_context(model, self._reference) as reference:
                 ref = self._no_grad_log_probs(reference, samples)  # type: ignore[assignment]
-        advantages = [torch.full((n,), r, dtype=torch.float32, device=self.device)
-                      for r, n in zip(samples.rewards, samples.response_lengths)]
-        hook = self._hooks["custom_advantage_function_path"]
-        if hook is not None:
-            rollout_data = {"rewards": list(samples.rewards), "loss_masks": samples.loss_masks,
-                            "response_lengths": samples.response_lengths, "total_lengths": samples.total_lengths,
-                            "tokens": samples.tokens, "log_probs": old, "ref_log_probs": ref,
-                            "rollout_log_probs": samples.rollout_log_probs, "advantages": advantages}
-            hook(self.args, rollout_data)
-            advantages = [torch.as_tensor(a, dtype=torch.float32, device=self.device)
-                          for a in rollout_data["advantages"]]
-        return _Prepared(samples, advantages, old, ref)
+        advantages = prep.advantages(samples, old, ref, self._hooks["custom_advantage_function_path"], self.args,
+                                     self.device)
+        return Prepared(samples, advantages, old, ref)
 
     def _no_grad_log_probs(self, model: Any, samples: batches.TrainSamples,
                            indices: list[int] | None = None) -> list[torch.Tensor | None]:
@@ -260,7 +224,7 @@ class PolicyGradientTrainer:
             for mb, passes in self._plan(samples, list(range(len(samples))) if indices is None else indices,
                                          shared=bool(self.keys["share_prompt_forward"])):
                 if mb is None:  # an empty micro-batch: this worker's share ran out before a peer's
-                    self._log_probs(model, [_empty_tokens(self.device)], [1], False, passes)
+                    self._log_probs(model, [prep.empty_tokens(self.device)], [1], False, passes)
                     continue
                 lps, _ = self._log_probs(model, [samples.tokens[i] for i in mb],
                                          [samples.response_lengths[i] for i in mb], False, passes)
@@ -299,7 +263,7 @@ class PolicyGradientTrainer:
         mine = [response_passes([samples.response_lengths[i] for i in mb]) if shared and mb else 0 for mb in mbs]
         return list(zip(mbs, self.parallel.most(mine) if shared else mine))
 
-    def accumulate(self, prepared: _Prepared, indices: list[int], backward: bool) -> dict[str, float]:
+    def accumulate(self, prepared: Prepared, indices: list[int], backward: bool) -> dict[str, float]:
         """Loss and metrics of the samples `indices` (one optimizer step; this worker's share
         of it), as shares of the whole step's batch means; gradients accumulate into the
         parameters when `backward`."""
@@ -312,7 +276,7 @@ class PolicyGradientTrainer:
         plan = self._plan(s, indices, shared=bool(self.keys["share_prompt_forward"])
                           and self.keys["loss_type"] != "custom_loss")
         for j, (mb, passes) in enumerate(plan):
-            batch, tokens = _empty_micro_batch(prepared, self.device) if mb is None else self._micro_batch(prepared, mb)
+            batch, tokens = prep.empty_micro_batch(prepared, self.device) if mb is None else prep.micro_batch(prepared, mb)
             reduce = sample_mean_reducer(batch.response_lengths, batch.loss_masks, mode,
                                          self.keys["loss_agg_norm_len"], batch.rollout_mask_sums)
             with self.parallel.micro_batch_sync(last=j == len(plan) - 1):
@@ -326,23 +290,13 @@ class PolicyGradientTrainer:
                 totals[key] = totals.get(key, 0.0) + float(value) / normalizer
         return totals
 
-    def _micro_batch(self, prepared: _Prepared, mb: list[int]) -> tuple[MicroBatch, list[torch.Tensor]]:
-        s = prepared.samples
-        batch = MicroBatch(
-            response_lengths=[s.response_lengths[i] for i in mb], total_lengths=[s.total_lengths[i] for i in mb],
-            loss_masks=[s.loss_masks[i] for i in mb], advantages=[prepared.advantages[i] for i in mb],
-            old_log_probs=[prepared.old_log_probs[i] for i in mb],  # type: ignore[misc]
-            ref_log_probs=None if prepared.ref_log_probs is None else [prepared.ref_log_probs[i] for i in mb],
-            rollout_log_probs=None if s.rollout_log_probs is None else [s.rollout_log_probs[i] for i in mb],
-            rollout_mask_sums=None if s.rollout_mask_sums is None else [s.rollout_mask_sums[i] for i in mb])
-        return batch, [s.tokens[i] for i in mb]
-
     def _micro_batch_loss(self, model: Any, batch: MicroBatch, tokens: list[torch.Tensor],
                           reduce: Callable[..., Any], passes: int) -> tuple[torch.Tensor, dict[str, Any]]:
         """(loss, metrics) of one micro-batch as reducer sums, `model` called as the strategy
         wants it (`Parallel.train_forward`)."""
         if self.keys["loss_type"] == "custom_loss":
-            return self._custom_loss(model, batch, tokens, reduce)
+            return prep.custom_loss(self._hooks["custom_loss_function_path"], self.args, model, batch, tokens, reduce,
+                                    self.device, bool(self.keys["bf16"]))
         log_probs, entropy = self._log_probs(model, tokens, batch.response_lengths, True, passes)
         # first-step samples: old log-probs = these, detached (prepare)
         batch.old_log_probs = [lp.detach() if old is None else old
@@ -350,22 +304,6 @@ class PolicyGradientTrainer:
         hooks = LossHooks(tis=self._hooks["custom_tis_function_path"],
                           pg_loss_reducer=self._hooks["custom_pg_loss_reducer_function_path"])
         return policy_loss(self.args, batch, log_probs, entropy, reduce, hooks)
-
-    def _custom_loss(self, model: Any, batch: MicroBatch, tokens: list[torch.Tensor],
-                     reduce: Callable[..., Any]) -> Any:
-        """slime's `custom_loss(args, batch, logits, sum_of_sample_mean) -> (loss, metrics)`, with
-        logits packed as slime's [1, sum(total_lengths), vocab] float32."""
-        ids, attention = batches.pad_tokens(tokens, device=self.device)
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=bool(self.keys["bf16"])):
-            logits = model(input_ids=ids, attention_mask=attention, use_cache=False).logits
-        packed = torch.cat([logits[i, : int(t.shape[0])] for i, t in enumerate(tokens)]).float().unsqueeze(0)
-        slime_batch = {
-            "unconcat_tokens": tokens, "total_lengths": batch.total_lengths,
-            "response_lengths": batch.response_lengths, "loss_masks": batch.loss_masks,
-            "advantages": batch.advantages, "log_probs": batch.old_log_probs,
-            "ref_log_probs": batch.ref_log_probs, "rollout_log_probs": batch.rollout_log_probs,
-            "rollout_mask_sums": batch.rollout_mask_sums}
-        return self._hooks["custom_loss_function_path"](self.args, slime_batch, packed, reduce)
 
     # -- weights and state ----------------------------------------------------------------------
 

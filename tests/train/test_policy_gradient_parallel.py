@@ -108,11 +108,11 @@ def test_an_empty_share_of_a_step_still_runs_its_peers_micro_batches_and_changes
 
 @pytest.mark.parametrize("kl,rollout", [(False, True), (True, False)])
 def test_an_empty_micro_batch_carries_the_optional_tensors_of_the_real_ones(kl, rollout):
-    from pipeline.train.policy_gradient import _empty_micro_batch
+    from pipeline.train.prepared import empty_micro_batch
 
     t = plain(tiny_llama(), use_kl_loss=kl)
     prepared = t.prepare(train_data(with_rollout_log_probs=rollout))
-    batch, tokens = _empty_micro_batch(prepared, CPU)
+    batch, tokens = empty_micro_batch(prepared, CPU)
     assert [x.tolist() for x in tokens] == [[0, 0]] and tokens[0].dtype == torch.long
     assert (batch.response_lengths, batch.total_lengths) == ([1], [2])
     zero = [[0.0]]
@@ -189,7 +189,7 @@ def test_gradients_sync_on_each_steps_last_micro_batch_only():
 def test_an_empty_micro_batch_lives_on_the_workers_device_in_float32():
     """Its tensors are made where the worker computes (on CUDA: its GPU; here the meta device, one
     that is not the default) and in float32 whatever torch's default dtype is."""
-    from pipeline.train.policy_gradient import _empty_micro_batch
+    from pipeline.train.prepared import empty_micro_batch
 
     t = plain(tiny_llama(), use_kl_loss=True)
     prepared = t.prepare(train_data(with_rollout_log_probs=True))
@@ -197,7 +197,7 @@ def test_an_empty_micro_batch_lives_on_the_workers_device_in_float32():
     default = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
     try:
-        batch, tokens = _empty_micro_batch(prepared, meta)
+        batch, tokens = empty_micro_batch(prepared, meta)
     finally:
         torch.set_default_dtype(default)
     tensors = [*batch.loss_masks, *batch.advantages, *batch.old_log_probs, *batch.ref_log_probs,
@@ -230,14 +230,14 @@ def test_a_workers_empty_micro_batches_add_nothing_even_to_a_loss_that_reads_no_
 
 
 def test_empty_micro_batches_and_their_tokens_are_made_on_the_trainers_device(monkeypatch):
-    from pipeline.train import policy_gradient as pg
+    from pipeline.train import prepared as pg
 
     devices = []
-    real_tokens, real_batch = pg._empty_tokens, pg._empty_micro_batch
-    monkeypatch.setattr(pg, "_empty_tokens", lambda device: (devices.append(("tokens", device)),
-                                                             real_tokens(device))[1])
-    monkeypatch.setattr(pg, "_empty_micro_batch", lambda prepared, device: (devices.append(("batch", device)),
-                                                                            real_batch(prepared, device))[1])
+    real_tokens, real_batch = pg.empty_tokens, pg.empty_micro_batch
+    monkeypatch.setattr(pg, "empty_tokens", lambda device: (devices.append(("tokens", device)),
+                                                            real_tokens(device))[1])
+    monkeypatch.setattr(pg, "empty_micro_batch", lambda prepared, device: (devices.append(("batch", device)),
+                                                                           real_batch(prepared, device))[1])
     t = PolicyGradientTrainer(model=tiny_llama(), parallel=PeerParallel(3), **keys(share_prompt_forward=False))
     t.train(0, train_data())
     assert ("tokens", t.device) in devices and ("batch", t.device) in devices
