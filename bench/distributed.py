@@ -15,9 +15,11 @@ Cases (each in processes of its own, alternated `--repeat` times):
 - `fsdp2-bf16-reshard`: bfloat16 parameters, resharded after each forward (the least memory);
 - `fsdp2-kept`: fsdp2 with `trainer.release_freed_memory=false` (glibc keeps freed memory, as
   the one process does);
+- `fsdp2-small-pages`: fsdp2 whose workers release freed memory in 4 KB pages (started with
+  `GLIBC_TUNABLES=glibc.malloc.hugetlb=0` instead of the huge pages of `malloc.release_env`);
 - `one-released`: the one process under the workers' malloc policy (`pipeline.process.malloc.
-  release_freed_memory`), so that the memory ratio can also be read with the same allocator on
-  both sides (`peak_rss_ratio_worker_over_one_released`).
+  release_freed_memory`, huge pages included), so that the memory ratio can also be read with
+  the same allocator on both sides (`peak_rss_ratio_worker_over_one_released`).
 Reported: seconds per optimizer step (median of the steps after the first), the ratio
 one / distributed (issue 29 expects >= 0.7 with 2 workers x 1 thread on 2 cores: the point is
 scale, not speed on 2 cores), peak RSS of the one process and of each worker, their ratio (target
@@ -54,7 +56,11 @@ CASES: dict[str, tuple[str, list[str]]] = {
     "fsdp2-bf16": ("fsdp2", ["trainer.param_dtype=bfloat16", "trainer.fsdp_reshard_after_forward=false"]),
     "fsdp2-bf16-reshard": ("fsdp2", ["trainer.param_dtype=bfloat16"]),
     "fsdp2-kept": ("fsdp2", ["trainer.release_freed_memory=false"]),
+    "fsdp2-small-pages": ("fsdp2", []),
 }
+# case -> environment of its own: the default fsdp2 workers without huge pages (the user's
+# GLIBC_TUNABLES wins over `malloc.release_env`), to show what they buy
+CASE_ENV: dict[str, dict[str, str]] = {"fsdp2-small-pages": {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}}
 ONE_CASES = ("one", "one-released")
 
 
@@ -147,16 +153,21 @@ def run_distributed(a: argparse.Namespace, strategy: str) -> dict[str, Any]:
 
 
 def run_case(a: argparse.Namespace, case: str) -> dict[str, Any]:
+    from pipeline.process import malloc
+
     if case in ONE_CASES:
         cmd = [sys.executable, __file__, "--child-one", "--data", str(a.data), "--steps", str(a.steps)]
         cmd += ["--release"] if case == "one-released" else []
         cmd += [x for o in a.override for x in ("--override", o)]
-        out = subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True, text=True).stdout
+        # the workers' policy whole: their huge-page tunable too (glibc reads it at start)
+        env = {**os.environ, **(malloc.release_env(os.environ) if case == "one-released" else {})}
+        out = subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True, text=True, env=env).stdout
         return json.loads(out.strip().splitlines()[-1])
     strategy, extra = CASES[case]
     cmd = [sys.executable, __file__, "--child-distributed", strategy, "--data", str(a.data), "--steps", str(a.steps),
            "--workers", str(a.workers)] + [x for o in [*a.override, *extra] for x in ("--override", o)]
-    out = subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True, text=True).stdout
+    env = {**os.environ, **CASE_ENV.get(case, {})}
+    out = subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True, text=True, env=env).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 

@@ -35,12 +35,15 @@ import contextlib
 import ctypes
 import functools
 import os
-from collections.abc import Iterator
+import re
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from pipeline.cluster.devices import process_tuning_note
 
-__all__ = ["ENV_KEYS", "RELEASE_THRESHOLD", "keep_freed_memory", "keep_freed_memory_problem", "release_freed_memory"]
+__all__ = ["ENV_KEYS", "HUGE_PAGES_TUNABLE", "RELEASE_THRESHOLD", "keep_freed_memory", "keep_freed_memory_problem",
+           "release_env", "release_freed_memory"]
 
 # glibc's tunables for the same settings; one of them in the environment wins over the key
 ENV_KEYS = ("MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_")
@@ -110,7 +113,8 @@ def release_freed_memory() -> str:
     gathered parameters and gradients (mostly 0.1-32 MB each) land in the heap between long-lived
     tensors, where freed memory cannot be returned: on 2 FSDP2 workers of SmolLM2-135M about 1 GB
     of a worker's 3 GB peak was such freed memory (docs/training.md). Applies to later
-    allocations of this whole process, for its lifetime; returns what took effect, for the log."""
+    allocations of this whole process, for its lifetime; returns what took effect, for the log,
+    huge pages included (a process started with `release_env` maps its blocks with them)."""
     preset = [f"{key}={os.environ[key]}" for key in ENV_KEYS if key in os.environ]
     if preset:
         return f"malloc as the environment says ({', '.join(preset)}); release_freed_memory not applied"
@@ -120,7 +124,51 @@ def release_freed_memory() -> str:
     if not (mallopt(_M_MMAP_THRESHOLD, RELEASE_THRESHOLD) and mallopt(_M_TRIM_THRESHOLD, RELEASE_THRESHOLD)):
         return "release_freed_memory not applied: mallopt refused it"
     return (f"freed memory goes back to the OS at once (release_freed_memory: blocks of "
-            f"{RELEASE_THRESHOLD // 1024} KB and more mapped on their own)")
+            f"{RELEASE_THRESHOLD // 1024} KB and more mapped on their own; {_huge_pages_note()})")
+
+
+# glibc (2.35 and later) reads this tunable when a process starts: it advises the kernel to back
+# the blocks it maps with transparent huge pages, so a block freshly mapped under
+# `release_freed_memory` faults in once per 2 MB instead of once per 4 KB (a 16 MB tensor mapped
+# 200 times: 124,000 page faults instead of 864,000 and half the time; FSDP2 workers' steps about
+# 10% faster at the same peak, docs/performance.md)
+HUGE_PAGES_TUNABLE = "glibc.malloc.hugetlb=1"
+# where Linux says whether it grants transparent huge pages ("always [madvise] never")
+_THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+# the environment this process was started with, the one glibc read its tunables from
+_START_ENV = Path("/proc/self/environ")
+
+
+def release_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """Environment variables to start a process with that will call `release_freed_memory`: glibc's
+    huge-page tunable added to `environ`'s `GLIBC_TUNABLES`. Nothing where `environ` already sets
+    a hugetlb tunable or one of `ENV_KEYS` (the environment wins, as in `release_freed_memory`)."""
+    tunables = environ.get("GLIBC_TUNABLES", "")
+    if "glibc.malloc.hugetlb" in tunables or any(key in environ for key in ENV_KEYS):
+        return {}
+    return {"GLIBC_TUNABLES": f"{tunables}:{HUGE_PAGES_TUNABLE}" if tunables else HUGE_PAGES_TUNABLE}
+
+
+def _huge_pages_note() -> str:
+    """Whether this process maps its blocks with transparent huge pages, for the log line."""
+    try:
+        started = _START_ENV.read_bytes().split(b"\0")
+    except OSError:
+        return "huge pages unknown (no /proc/self/environ)"
+    tunables = [tunable for entry in started if entry.startswith(b"GLIBC_TUNABLES=")
+                for tunable in entry.decode(errors="replace").removeprefix("GLIBC_TUNABLES=").split(":")]
+    if HUGE_PAGES_TUNABLE not in tunables:
+        return f"4 KB pages: the process started without {HUGE_PAGES_TUNABLE} in GLIBC_TUNABLES"
+    try:
+        chosen = re.search(r"\[(\w+)\]", _THP_MODE.read_text())
+    except OSError:
+        chosen = None
+    if chosen is None:
+        return f"{HUGE_PAGES_TUNABLE}, but the kernel says nothing of transparent huge pages"
+    mode = chosen.group(1)
+    if mode == "never":
+        return f"{HUGE_PAGES_TUNABLE}, but the kernel grants no transparent huge pages ({_THP_MODE}: never)"
+    return f"transparent huge pages ({HUGE_PAGES_TUNABLE}, kernel: {mode})"
 
 
 def _restore() -> None:

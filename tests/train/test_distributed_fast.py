@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 
 from pipeline.config.args import SlimeArgs
+from pipeline.process import malloc as malloc_module
 from pipeline.train import model as policy_model
 from pipeline.train.distributed import driver as driver_module
 from pipeline.train.distributed import group as group_module
@@ -1744,5 +1745,12 @@ def test_workers_import_what_the_driver_imports_and_get_their_thread_count(tmp_p
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     monkeypatch.setattr(sys, "path", ["", str(tmp_path / "a"), str(tmp_path / "missing"), str(tmp_path / "b")])
+    for key in ("GLIBC_TUNABLES", *malloc_module.ENV_KEYS):
+        monkeypatch.delenv(key, raising=False)
     assert worker_env(3) == {"PYTHONPATH": f"{tmp_path / 'a'}{os.pathsep}{tmp_path / 'b'}", "OMP_NUM_THREADS": "3",
                              "TOKENIZERS_PARALLELISM": "false"}
+    # a worker that releases freed memory starts with glibc's huge-page tunable, after the user's
+    assert worker_env(3, release_freed_memory=True) == {**worker_env(3), "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=2")
+    assert worker_env(1, True)["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
+    assert worker_env(1, False).get("GLIBC_TUNABLES") is None

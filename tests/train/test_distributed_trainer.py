@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from pipeline.config.args import SlimeArgs
+from pipeline.process.malloc import HUGE_PAGES_TUNABLE
 from pipeline.train.build import policy_gradient_trainer
 from pipeline.train.distributed.driver import DistributedTrainer
 from pipeline.train.distributed.group import TrainerWorkerError
@@ -86,6 +87,14 @@ def test_two_workers_make_the_one_process_update(checkpoint, strategy, lora, tmp
     local = PolicyGradientTrainer(**keys(checkpoint, **common))
     dist = distributed(checkpoint, **common)
     try:
+        # fsdp2 workers release freed memory and were started with glibc's huge-page tunable
+        notes = {w["malloc"] for w in dist.group.where}
+        if strategy == "fsdp2":
+            assert len(notes) == 1 and "freed memory goes back to the OS at once" in notes.pop(), dist.group.where
+            assert all(HUGE_PAGES_TUNABLE in w["malloc"] and "started without" not in w["malloc"]
+                       for w in dist.group.where)
+        else:
+            assert notes == {"glibc's default malloc"}
         for rollout, gbs in enumerate((2, None)):
             local.keys["global_batch_size"] = dist.keys["global_batch_size"] = gbs
             a, b = local.train(rollout, grpo_data()), dist.train(rollout, grpo_data())

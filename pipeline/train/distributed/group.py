@@ -14,7 +14,8 @@ transport error waits up to `PEER_DEATH_GRACE_S` for Ray to name a dead peer, an
 A worker that raises (a bad hook, a model it cannot shard) stops the group the same way and
 re-raises its error.
 Workers get the driver's `sys.path` (so plugins by dotted path import there too) and their
-torch thread count through their environment.
+torch thread count through their environment, and workers that release freed memory glibc's
+huge-page tunable there (`pipeline.process.malloc.release_env`: glibc reads it at start only).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import time
 from typing import Any
 
 from pipeline.cluster import ray_runtime
+from pipeline.process import malloc
 
 __all__ = ["PEER_DEATH_GRACE_S", "PLACEMENT_TIMEOUT_S", "TrainerWorkerError", "WorkerGroup", "worker_env"]
 
@@ -48,11 +50,12 @@ class TrainerWorkerError(RuntimeError):
     """A trainer worker died or failed; the group is stopped."""
 
 
-def worker_env(num_threads: int) -> dict[str, str]:
-    """Environment of a worker process: the driver's import path and thread counts."""
+def worker_env(num_threads: int, release_freed_memory: bool = False) -> dict[str, str]:
+    """Environment of a worker process: the driver's import path and thread counts, and for a
+    worker that releases freed memory glibc's huge-page tunable (`malloc.release_env`)."""
     paths = [p for p in sys.path if p and os.path.isdir(p)]
     return {"PYTHONPATH": os.pathsep.join(paths), "OMP_NUM_THREADS": str(num_threads),
-            "TOKENIZERS_PARALLELISM": "false"}
+            "TOKENIZERS_PARALLELISM": "false", **(malloc.release_env(os.environ) if release_freed_memory else {})}
 
 
 class WorkerGroup:
@@ -92,7 +95,7 @@ class WorkerGroup:
                 f"trainer.num_cpus_per_worker (e.g. 0.5), another trainer.placement_strategy, or, with engine=ray "
                 f"on a local Ray, a larger engine.num_cpus") from None
         cls = ray.remote(TrainerWorker)
-        env = {"env_vars": worker_env(num_threads)}
+        env = {"env_vars": worker_env(num_threads, release_freed_memory)}
         self.actors = [cls.options(num_cpus=bundle["CPU"], num_gpus=gpus, max_restarts=0, runtime_env=env,
                                    scheduling_strategy=PlacementGroupSchedulingStrategy(
                                        self._pg, placement_group_bundle_index=rank)).remote(rank, self.num_workers,
