@@ -130,8 +130,8 @@ def release_freed_memory() -> str:
 # glibc (2.35 and later) reads this tunable when a process starts: it advises the kernel to back
 # the blocks it maps with transparent huge pages, so a block freshly mapped under
 # `release_freed_memory` faults in once per 2 MB instead of once per 4 KB (a 16 MB tensor mapped
-# 200 times: 124,000 page faults instead of 864,000 and half the time; FSDP2 workers' steps about
-# 10% faster at the same peak, docs/performance.md)
+# 100 times: 52,000 page faults instead of 410,000, tests/test_malloc.py; FSDP2 workers' steps
+# 7-13% faster at the same peak, docs/performance.md)
 HUGE_PAGES_TUNABLE = "glibc.malloc.hugetlb=1"
 # where Linux says whether it grants transparent huge pages ("always [madvise] never")
 _THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")

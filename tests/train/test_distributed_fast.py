@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import datetime
 import json
+import logging
 import os
 import random
 import re
@@ -827,10 +828,17 @@ def test_a_worker_applies_its_malloc_policy_before_anything_loads(monkeypatch):
     assert TrainerWorker(0, 2, 1).malloc == "glibc's default malloc" and calls == [1]
 
 
-@pytest.mark.parametrize(("value", "strategy", "expected"), [
-    ("auto", "fsdp2", True), ("auto", "ddp", False), (True, "ddp", True), (False, "fsdp2", False)])
-def test_release_freed_memory_auto_is_on_for_fsdp2_only(value, strategy, expected):
-    assert driver_module.release_freed_memory(value, strategy) is expected
+@pytest.mark.parametrize(("value", "strategy", "device", "expected"), [
+    ("auto", "fsdp2", "cpu", True), ("auto", "ddp", "cpu", False), (True, "ddp", "cpu", True),
+    (False, "fsdp2", "cpu", False), ("auto", "fsdp2", "cuda", False), ("auto", "ddp", "cuda", False),
+    (True, "fsdp2", "cuda", True)])
+def test_release_freed_memory_auto_is_on_for_fsdp2_on_cpu_only(value, strategy, device, expected, caplog):
+    with caplog.at_level(logging.INFO, logger=driver_module.__name__):
+        assert driver_module.release_freed_memory(value, strategy, device) is expected
+    said = [r.getMessage() for r in caplog.records]
+    # the one line where auto switches the tuning off because of CUDA, none elsewhere
+    assert said == (["trainer.release_freed_memory: off (the workers train on CUDA; it tunes CPU compute only)"]
+                    if (value, strategy, device) == ("auto", "fsdp2", "cuda") else [])
 
 
 def test_peak_rss_is_this_processes_in_mb():

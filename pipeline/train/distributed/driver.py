@@ -31,7 +31,8 @@ from typing import Any
 import torch
 
 from pipeline.process.atomic import atomic_dir, atomic_write_text
-from pipeline.cluster.devices import HF_ENGINE, cuda_device_count, gpus_for_trainer, resolve_backend, resolve_device
+from pipeline.cluster.devices import (HF_ENGINE, cuda_device_count, gpus_for_trainer, process_tuning_note,
+                                      resolve_backend, resolve_device)
 from pipeline.config.args import SlimeArgs
 from pipeline.engines.assets import resolve_checkpoint
 from pipeline.engines.weight_sync import as_tensors
@@ -108,7 +109,7 @@ class DistributedTrainer:
                         backend=backend, num_cpus_per_worker=float(k["num_cpus_per_worker"]),
                         placement_strategy=k["placement_strategy"], num_threads=int(k["num_threads"]),
                         timeout_s=float(k["collective_timeout_s"]),
-                        release_freed_memory=release_freed_memory(k["release_freed_memory"], k["strategy"]))
+                        release_freed_memory=release_freed_memory(k["release_freed_memory"], k["strategy"], device))
             worker_keys = {**k, "device": device, "hf_checkpoint": self._checkpoint_folder()}
             counts = group.call("build", [(worker_keys, self._args)] * self.num_workers)
         except BaseException:
@@ -280,7 +281,12 @@ class DistributedTrainer:
         self._weights = None
 
 
-def release_freed_memory(value: Any, strategy: str) -> bool:
-    """`trainer.release_freed_memory` resolved: auto is on for fsdp2 (sharding is for memory), off
-    for ddp (a full replica per worker: keeping freed memory for reuse saves page faults)."""
-    return strategy == "fsdp2" if value == "auto" else bool(value)
+def release_freed_memory(value: Any, strategy: str, device: str) -> bool:
+    """`trainer.release_freed_memory` resolved: auto is on for fsdp2 on CPU (sharding is for
+    memory), off for ddp (a full replica per worker: keeping freed memory for reuse saves page
+    faults) and on CUDA (a CPU-heap tuning: the sharded state lives on the GPU; one log line)."""
+    if value != "auto":
+        return bool(value)
+    if device == "cuda" and strategy == "fsdp2":
+        logger.info(process_tuning_note("trainer.release_freed_memory", "the workers train on CUDA"))
+    return strategy == "fsdp2" and device == "cpu"
