@@ -310,4 +310,12 @@ EQUIVALENT: dict[str, str] = {
     **{f"pipeline.train.function.xǁFunctionTrainerǁload__mutmut_{i}": (
         "the state is json.dumps output, ASCII whatever the path (ensure_ascii): it reads the same as "
         "UTF-8, as \"UTF-8\" (the same codec) and in the locale's encoding") for i in (3, 9)},
+    # pipeline/rewards/labels.py
+    **{f"pipeline.rewards.labels.x_empty_labels_in_rows__mutmut_{i}": (
+        "a renamed part of the scan's cache key, or its version bumped: the key is a private hash, every "
+        "part still separates entries, and only an old cache entry (rebuilt on a miss) could tell") for i in
+       (12, 13, 14, 15, 19, 20, 21, 22, 23, 24, 25, 26, 30, 31, 32)},
+    "pipeline.rewards.labels.x__columnar__mutmut_25": (
+        "a null label left null instead of False: to_numpy gives None there, which flatnonzero treats as False"),
+    "pipeline.rewards.labels.x__columnar__mutmut_34": "zero_copy_only=None is falsy, as False: the same copy",
 }
