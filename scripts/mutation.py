@@ -57,7 +57,7 @@ MODULES: dict[str, tuple[list[str], list[str] | None]] = {
     "pipeline/process/openmp.py": (["tests/test_openmp.py"], None),
     "pipeline/process/malloc.py": (["tests/test_malloc.py"], None),
     # the empty-label rule and its pre-flight scan; the graders and the remote answer types (issue 31)
-    "pipeline/rewards/labels.py": (["tests/rewards/test_labels.py", "tests/rewards/test_slime_parity_graders.py",
+    "pipeline/rewards/labels.py": (["tests/rewards/test_empty_labels.py", "tests/rewards/test_slime_parity_graders.py",
                                     "tests/rewards/test_reward_preflight.py"], None),
     "pipeline/rewards/text_rules.py": (["tests/rewards/test_rule_graders.py",
                                         "tests/rewards/test_slime_parity_graders.py"], None),
