@@ -58,6 +58,11 @@ _DEFAULT_MMAP_MAX = 65536
 _DEFAULT_TRIM_THRESHOLD = 128 * 1024
 
 
+def _preset(environ: Mapping[str, str]) -> list[str]:
+    """The `ENV_KEYS` that `environ` sets, as `KEY=value` (the environment wins over our settings)."""
+    return [f"{key}={environ[key]}" for key in ENV_KEYS if key in environ]
+
+
 def keep_freed_memory_problem(value: Any) -> str | None:
     """Pre-flight's message for a `keep_freed_memory` that is not true or false, else None."""
     if isinstance(value, bool):
@@ -88,7 +93,7 @@ def _apply(enabled: Any, cpu_idle: str | None) -> tuple[str, bool]:
         return process_tuning_note("keep_freed_memory", cpu_idle), False
     if not enabled:
         return "freed memory goes back to the OS as glibc decides (keep_freed_memory=false)", False
-    preset = [f"{key}={os.environ[key]}" for key in ENV_KEYS if key in os.environ]
+    preset = _preset(os.environ)
     if preset:
         return f"malloc as the environment says ({', '.join(preset)}); keep_freed_memory not applied", False
     mallopt = _mallopt()
@@ -115,7 +120,7 @@ def release_freed_memory() -> str:
     of a worker's 3 GB peak was such freed memory (docs/training.md). Applies to later
     allocations of this whole process, for its lifetime; returns what took effect, for the log,
     huge pages included (a process started with `release_env` maps its blocks with them)."""
-    preset = [f"{key}={os.environ[key]}" for key in ENV_KEYS if key in os.environ]
+    preset = _preset(os.environ)
     if preset:
         return f"malloc as the environment says ({', '.join(preset)}); release_freed_memory not applied"
     mallopt = _mallopt()
@@ -144,7 +149,7 @@ def release_env(environ: Mapping[str, str]) -> dict[str, str]:
     huge-page tunable added to `environ`'s `GLIBC_TUNABLES`. Nothing where `environ` already sets
     a hugetlb tunable or one of `ENV_KEYS` (the environment wins, as in `release_freed_memory`)."""
     tunables = environ.get("GLIBC_TUNABLES", "")
-    if "glibc.malloc.hugetlb" in tunables or any(key in environ for key in ENV_KEYS):
+    if "glibc.malloc.hugetlb" in tunables or _preset(environ):
         return {}
     return {"GLIBC_TUNABLES": f"{tunables}:{HUGE_PAGES_TUNABLE}" if tunables else HUGE_PAGES_TUNABLE}
 
