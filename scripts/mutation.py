@@ -56,6 +56,7 @@ MODULES: dict[str, tuple[list[str], list[str] | None]] = {
     "pipeline/process/atomic.py": (["tests/test_atomic.py", "tests/data/test_checkpoint.py"], None),
     "pipeline/process/openmp.py": (["tests/test_openmp.py"], None),
     "pipeline/process/malloc.py": (["tests/test_malloc.py"], None),
+    "pipeline/process/threads.py": (["tests/test_threads.py"], None),
     # the empty-label rule and its pre-flight scan; the graders and the remote answer types (issue 31)
     "pipeline/rewards/labels.py": (["tests/rewards/test_empty_labels.py", "tests/rewards/test_slime_parity_graders.py",
                                     "tests/rewards/test_reward_preflight.py"], None),

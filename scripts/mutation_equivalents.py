@@ -306,6 +306,9 @@ EQUIVALENT: dict[str, str] = {
     "pipeline.train.preflight.x__where_problems__mutmut_32": (
         "_split_problems of 1 worker is always empty: 1 <= global_batch_size < 1 cannot hold and a valid "
         "rollout has rollout_batch_size x n_samples_per_prompt >= 1 samples"),
+    "pipeline.train.preflight.x_trainer_warnings__mutmut_36": (
+        "planned_threads only asks whether num_workers is 1, and trainer_warnings has returned for 1 worker "
+        "already: None, like any count > 1, takes the reservation branch"),
     # pipeline/train/function.py
     **{f"pipeline.train.function.xǁFunctionTrainerǁload__mutmut_{i}": (
         "the state is json.dumps output, ASCII whatever the path (ensure_ascii): it reads the same as "

@@ -32,6 +32,7 @@ from pipeline.config.args import SlimeArgs
 from pipeline.engines.assets import resolve_checkpoint
 from pipeline.config.plugins import allowed_targets, load_object
 from pipeline.process.precision import resolve_bf16
+from pipeline.process.threads import torch_threads
 from pipeline.train import batches, model as policy_model, prepared as prep
 from pipeline.train.distributed import shards
 from pipeline.train.distributed.shards import load_sharded
@@ -73,6 +74,8 @@ class PolicyGradientTrainer:
         self.device = torch.device(resolve_device(k["device"], "trainer.device"))
         # "auto": bf16 autocast only where this CPU has fast bfloat16 kernels (pipeline.process.precision)
         k["bf16"] = resolve_bf16(k["bf16"])
+        # "auto": this process's CPUs, or a worker's Ray reservation (pipeline.process.threads)
+        k["num_threads"] = torch_threads(k["num_threads"], k["num_workers"], k["num_cpus_per_worker"])
         if k["kl_loss_type"] not in KL_LOSS_TYPES:
             raise ValueError(f"trainer.kl_loss_type must be one of {list(KL_LOSS_TYPES)}, got {k['kl_loss_type']!r}")
         if k["loss_agg_mode"] not in LOSS_AGG_MODES:

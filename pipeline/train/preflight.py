@@ -11,6 +11,7 @@ from pipeline.cluster import devices
 from pipeline.engines.preflight import has_trainer
 from pipeline.config.plugins import target_of
 from pipeline.process.precision import AUTO
+from pipeline.process.threads import planned_threads, torch_threads_problem
 from pipeline.train.choices import KL_LOSS_TYPES, LOSS_AGG_MODES, LR_DECAY_STYLES
 
 __all__ = ["async_problems", "async_warnings", "trainer_problems", "trainer_warnings"]
@@ -22,7 +23,7 @@ _POLICY_GRADIENT = ("pipeline.train.build.policy_gradient_trainer",
 _FUNCTION = "pipeline.train.function.FunctionTrainer"
 _CHOICES = {"kl_loss_type": KL_LOSS_TYPES, "loss_agg_mode": LOSS_AGG_MODES, "lr_decay_style": LR_DECAY_STYLES,
             "loss_type": ("policy_loss", "custom_loss")}
-_POSITIVE_INTS = ("micro_batch_size", "num_threads", "keep_states")
+_POSITIVE_INTS = ("micro_batch_size", "keep_states")
 _BOOLEANS = ("fsdp_reshard_after_forward", "share_prompt_forward", "use_dynamic_batch_size", "use_kl_loss",
              "use_unbiased_kl", "use_rollout_logprobs", "use_tis", "use_opsm", "get_mismatch_metrics")
 _NON_NEGATIVE = ("lr", "min_lr", "weight_decay", "clip_grad", "eps_clip", "entropy_coef", "kl_loss_coef",
@@ -54,6 +55,9 @@ def trainer_problems(cfg: dict[str, Any]) -> list[str]:
     for key in _POSITIVE_INTS:
         if not _is_int(node.get(key)) or node[key] < 1:
             out.append(f"trainer.{key}={node.get(key)!r}: expected an integer >= 1")
+    threads_problem = torch_threads_problem(node.get("num_threads"))
+    if threads_problem:
+        out.append(threads_problem)
     if not isinstance(node.get("bf16"), bool) and node.get("bf16") != AUTO:
         out.append(f"trainer.bf16={node.get('bf16')!r}: expected true, false or auto")
     for key in _BOOLEANS:
@@ -98,14 +102,21 @@ def trainer_warnings(cfg: dict[str, Any]) -> list[str]:
         where = _where(cfg, node)
     except devices.DeviceError:
         return []  # a problem (trainer_problems), not a warning
-    threads, cpus = node.get("num_threads"), os.cpu_count()
-    if (where.workers == 1 or where.device != "cpu" or not where.local or not _is_int(threads) or threads < 1
-            or cpus is None or where.workers * threads <= cpus):
+    value, cpus = node.get("num_threads"), os.cpu_count()
+    if (where.workers == 1 or where.device != "cpu" or not where.local or torch_threads_problem(value)
+            or cpus is None):
         return []
-    return [f"trainer.num_workers={where.workers} x trainer.num_threads={threads} = {where.workers * threads} "
+    threads = planned_threads(value, where.workers, node["num_cpus_per_worker"])
+    if where.workers * threads <= cpus:
+        return []
+    said = f"trainer.num_threads={threads}" if value != "auto" else \
+        f"trainer.num_threads=auto ({threads}: trainer.num_cpus_per_worker={node['num_cpus_per_worker']})"
+    fewer_threads = max(cpus // where.workers, 1)
+    fix = f"trainer.num_threads={fewer_threads} or " if fewer_threads < threads else ""
+    return [f"trainer.num_workers={where.workers} x {said} = {where.workers * threads} "
             f"torch threads on the CPU, more than this machine's {cpus} CPUs (os.cpu_count()): the workers "
-            f"contend for cores and every step gets slower; set trainer.num_threads="
-            f"{max(cpus // where.workers, 1)} or fewer workers (trainer.num_workers={max(cpus // threads, 1)})"]
+            f"contend for cores and every step gets slower; set {fix}fewer workers "
+            f"(trainer.num_workers={max(cpus // threads, 1)})"]
 
 
 @dataclass(frozen=True)

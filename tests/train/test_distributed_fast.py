@@ -1427,6 +1427,26 @@ class Recording(CannedGroup):
         self.started = kw
 
 
+@pytest.mark.parametrize(("reserved", "threads"), [(1, 1), (0.5, 1), (2.9, 2), (8, 8)])
+def test_auto_threads_are_each_workers_ray_reservation(checkpoint, monkeypatch, caplog, reserved, threads):
+    """trainer.num_threads=auto over N workers: trainer.num_cpus_per_worker rounded down, at least
+    1, for the workers' OMP_NUM_THREADS and torch threads alike (their keys get the number)."""
+    caplog.set_level("INFO")
+    Recording.made = made = []
+    monkeypatch.setattr(driver_module, "WorkerGroup", Recording)
+    d = DistributedTrainer(**yaml_keys(num_workers=2, hf_checkpoint=checkpoint, strategy="ddp", num_threads="auto",
+                                       num_cpus_per_worker=reserved, address="auto"))
+    monkeypatch.setattr(d, "_cluster_gpus", lambda: 0)
+    d.start()
+    g, = made
+    assert g.started["num_threads"] == threads and type(g.started["num_threads"]) is int
+    (method, per_rank), = g.calls
+    assert per_rank[0][0]["num_threads"] == threads and d.keys["num_threads"] == "auto"
+    assert caplog.messages[0] == (f"trainer.num_threads: auto -> {threads} (per worker: "
+                                  f"trainer.num_cpus_per_worker={reserved}, the CPUs Ray reserves for each)")
+    d.close()
+
+
 def test_start_places_the_workers_and_builds_the_trainer_once(checkpoint, monkeypatch, caplog):
     caplog.set_level("INFO")
     Recording.made = made = []

@@ -89,6 +89,23 @@ def test_train_updates_weights_version_and_reports_metrics():
     assert t.weight_version == 2
 
 
+def test_auto_threads_in_one_process_are_its_cpus_and_each_round_sets_them(monkeypatch):
+    """trainer.num_threads=auto (the shipped default) in this process: its CPUs, whatever
+    trainer.num_cpus_per_worker says; train() sets the count again (the engine may have set its own)."""
+    from pipeline.process import threads
+
+    monkeypatch.setattr(threads, "process_cpus", lambda: 3)
+    before = torch.get_num_threads()
+    try:
+        t = trainer(num_threads="auto", num_cpus_per_worker=8)
+        assert t.keys["num_threads"] == 3
+        torch.set_num_threads(1)
+        t.train(0, train_data())
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_global_batch_size_gives_one_optimizer_step_per_batch_and_warmup():
     t = trainer(lr=1e-3, global_batch_size=2, lr_warmup_iters=4)
     metrics = t.train(0, train_data())

@@ -228,6 +228,7 @@ def test_more_cpu_worker_threads_than_cpus_is_a_warning(tmp_path, monkeypatch, c
     caplog.clear()
     with caplog.at_level(logging.WARNING):
         validate(compose_cfg(tmp_path, "trainer.num_workers=2", "trainer.num_threads=1"))  # 2 threads: fits
+        validate(compose_cfg(tmp_path, "trainer.num_workers=2"))  # auto: 1 thread each (num_cpus_per_worker)
         validate(compose_cfg(tmp_path, "trainer.num_threads=4"))  # one in-process trainer: no workers
         validate(compose_cfg(tmp_path, "trainer.num_workers=2", "trainer.num_threads=2", "trainer.address=auto"))
         validate(compose_cfg(tmp_path, "trainer.strategy=ddp"))  # a strategy with one worker: quiet
@@ -381,12 +382,34 @@ def test_cpu_workers_warn_of_contention_with_device_cpu(monkeypatch):
     cpus(monkeypatch, 2)
     assert trainer_warnings(plain(num_workers=4, num_threads=1)) == [
         "trainer.num_workers=4 x trainer.num_threads=1 = 4 torch threads on the CPU, more than this machine's 2 CPUs "
-        "(os.cpu_count()): the workers contend for cores and every step gets slower; set trainer.num_threads=1 or "
-        "fewer workers (trainer.num_workers=2)"]
+        "(os.cpu_count()): the workers contend for cores and every step gets slower; set fewer workers "
+        "(trainer.num_workers=2)"]  # (already 1 thread each: fewer threads is no fix)
     assert trainer_warnings(plain(num_workers=2, num_threads=1)) == []
     assert trainer_warnings(plain(num_workers=2, num_threads=2, address="auto")) == []  # the cluster's CPUs
     monkeypatch.setattr(os, "cpu_count", lambda: None)  # unknown: nothing to compare with
     assert trainer_warnings(plain(num_workers=4, num_threads=4)) == []
+
+
+def test_auto_threads_are_the_reservation_in_the_contention_warning(monkeypatch):
+    """trainer.num_threads=auto is each worker's trainer.num_cpus_per_worker (at least 1): the
+    shipped default fits 2 workers on 2 CPUs; a reservation past the cores is warned about."""
+    no_torch(monkeypatch, 0)
+    cpus(monkeypatch, 2)
+    assert trainer_warnings(plain(num_workers=2, num_threads="auto")) == []
+    assert trainer_warnings(plain(num_workers=2, num_threads="auto", num_cpus_per_worker=2)) == [
+        "trainer.num_workers=2 x trainer.num_threads=auto (2: trainer.num_cpus_per_worker=2) = 4 torch threads on "
+        "the CPU, more than this machine's 2 CPUs (os.cpu_count()): the workers contend for cores and every step "
+        "gets slower; set trainer.num_threads=1 or fewer workers (trainer.num_workers=1)"]
+    assert trainer_warnings(plain(num_workers=4, num_threads="auto", num_cpus_per_worker=0.5)) == [
+        "trainer.num_workers=4 x trainer.num_threads=auto (1: trainer.num_cpus_per_worker=0.5) = 4 torch threads "
+        "on the CPU, more than this machine's 2 CPUs (os.cpu_count()): the workers contend for cores and every "
+        "step gets slower; set fewer workers (trainer.num_workers=2)"]
+    cpus(monkeypatch, 8)
+    assert trainer_warnings(plain(num_workers=4, num_threads="auto", num_cpus_per_worker=2)) == []
+    assert trainer_warnings(plain(num_workers=4, num_threads="auto", num_cpus_per_worker=3)) == [
+        "trainer.num_workers=4 x trainer.num_threads=auto (3: trainer.num_cpus_per_worker=3) = 12 torch threads "
+        "on the CPU, more than this machine's 8 CPUs (os.cpu_count()): the workers contend for cores and every "
+        "step gets slower; set trainer.num_threads=2 or fewer workers (trainer.num_workers=2)"]
 
 
 def test_no_contention_warning_for_a_config_with_problems_or_without_the_trainer(monkeypatch):

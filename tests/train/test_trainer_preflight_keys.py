@@ -17,6 +17,16 @@ def test_the_shipped_yaml_passes():
     assert trainer_problems({"trainer": {"_target_": None}}) == []
 
 
+def test_num_threads_is_a_positive_integer_or_auto():
+    assert OmegaConf.load(YAML)["num_threads"] == "auto"
+    for good in ("auto", 1, 16):
+        assert trainer_problems(node(num_threads=good)) == [], good
+    for bad in (0, -1, 2.5, True, "4", "Auto", None):
+        assert trainer_problems(node(num_threads=bad)) == [
+            f"trainer.num_threads={bad!r}: expected an integer >= 1 or auto (this process's CPUs in one process; "
+            f"each worker's trainer.num_cpus_per_worker over N workers)"], bad
+
+
 def test_each_bad_value_is_named():
     problems = trainer_problems(node(kl_loss_type="k5", loss_agg_mode="sum", micro_batch_size=0, lr=-1.0,
                                      global_batch_size=0, use_dynamic_batch_size=True, eps_clip_c=0.5,

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from pipeline.process.atomic import atomic_dir, atomic_write_text
+from pipeline.process.threads import torch_threads
 from pipeline.cluster.devices import (HF_ENGINE, cuda_device_count, gpus_for_trainer, process_tuning_note,
                                       resolve_backend, resolve_device)
 from pipeline.config.args import SlimeArgs
@@ -101,16 +102,17 @@ class DistributedTrainer:
         backend = resolve_backend(k["backend"], device)
         if k["strategy"] == "fsdp2":
             self._check_shardable()
+        threads = torch_threads(k["num_threads"], self.num_workers, k["num_cpus_per_worker"])
         group = WorkerGroup(self.num_workers, self._resume_hint())
         self.group = group
         try:
             group.start(address=address, local_cpus=self._local_cpus(), local_gpus=self._local_gpus(device, address),
                         device=device,
                         backend=backend, num_cpus_per_worker=float(k["num_cpus_per_worker"]),
-                        placement_strategy=k["placement_strategy"], num_threads=int(k["num_threads"]),
+                        placement_strategy=k["placement_strategy"], num_threads=threads,
                         timeout_s=float(k["collective_timeout_s"]),
                         release_freed_memory=release_freed_memory(k["release_freed_memory"], k["strategy"], device))
-            worker_keys = {**k, "device": device, "hf_checkpoint": self._checkpoint_folder()}
+            worker_keys = {**k, "device": device, "num_threads": threads, "hf_checkpoint": self._checkpoint_folder()}
             counts = group.call("build", [(worker_keys, self._args)] * self.num_workers)
         except BaseException:
             self.close()
