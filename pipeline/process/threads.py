@@ -20,11 +20,11 @@ import logging
 import os
 from typing import Any
 
-__all__ = ["AUTO", "planned_threads", "process_cpus", "torch_threads", "torch_threads_problem"]
+from pipeline.process.precision import AUTO
+
+__all__ = ["planned_threads", "process_cpus", "torch_threads", "torch_threads_problem"]
 
 logger = logging.getLogger(__name__)
-
-AUTO = "auto"
 
 
 def process_cpus() -> int:

@@ -109,7 +109,7 @@ def trainer_warnings(cfg: dict[str, Any]) -> list[str]:
     threads = planned_threads(value, where.workers, node["num_cpus_per_worker"])
     if where.workers * threads <= cpus:
         return []
-    said = f"trainer.num_threads={threads}" if value != "auto" else \
+    said = f"trainer.num_threads={threads}" if value != AUTO else \
         f"trainer.num_threads=auto ({threads}: trainer.num_cpus_per_worker={node['num_cpus_per_worker']})"
     fewer_threads = max(cpus // where.workers, 1)
     fix = f"trainer.num_threads={fewer_threads} or " if fewer_threads < threads else ""
