@@ -111,3 +111,25 @@ def test_rays_signal_handler_notice_is_kept_off_the_console():
     finally:
         ray_worker.removeHandler(handler)
     assert seen == ["some other Ray warning"]
+
+
+def test_the_closing_line_names_the_log_file_where_it_is(tmp_path, monkeypatch):
+    """`run.log` when the log file is in the run dir, its whole path when it is elsewhere (a
+    sweep job's paths.output_dir), no mention when no file takes the log."""
+    run_dir, elsewhere = tmp_path / "run", tmp_path / "hydra"
+    run_dir.mkdir()
+    elsewhere.mkdir()
+    progress = RunProgress(num_rollout=1, run_dir=str(run_dir))
+    progress.step(0, {"rollout/raw_reward": 0.5})
+    root = logging.getLogger()
+    # without the log files earlier tests of this session may have left on the root logger
+    monkeypatch.setattr(root, "handlers", [h for h in root.handlers if not isinstance(h, logging.FileHandler)])
+    assert f"Run dir: {run_dir}\n" in progress.summary() and "full log" not in progress.summary()
+    for folder, shown in ((run_dir, "run.log"), (elsewhere, str(elsewhere / "run.log"))):
+        handler = logging.FileHandler(folder / "run.log")
+        root.addHandler(handler)
+        try:
+            assert f"Run dir: {run_dir} (full log: {shown})\n" in progress.summary()
+        finally:
+            root.removeHandler(handler)
+            handler.close()

@@ -378,6 +378,48 @@ def test_a_run_or_sweep_dir_at_or_under_a_file_is_refused_before_hydra_writes(tm
     assert prepare_argv(["run.py", f"hydra.run.dir={tmp_path}/new/run"])[-1] == f"hydra.run.dir={tmp_path}/new/run"
 
 
+def test_paths_output_dir_points_hydra_there_too_so_run_log_is_beside_the_runs_files(tmp_path):
+    """`paths.output_dir=X` of a fresh run becomes `hydra.run.dir=X` before Hydra starts: its
+    run.log and .hydra/ are in X, nothing is written under the launch dir's outputs/, and the
+    closing line's log is there."""
+    out = tmp_path / "my run"
+    proc = subprocess.run([sys.executable, str(ROOT / "run.py"), *EXPERIMENT, "rollout.summary=true",
+                           f"paths.output_dir={out}"], cwd=tmp_path, env=dict(ENV, PROJECT_ROOT=str(ROOT)),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (out / "run.log").is_file() and (out / ".hydra" / "config.yaml").is_file() and steps(out) == [0, 1]
+    assert f"Run dir: {out} (full log: run.log)" in proc.stdout
+    assert not (tmp_path / "outputs").exists()
+    # the second command is refused by the key the user typed, and the unique_dir form it offers works
+    refused = subprocess.run([sys.executable, str(ROOT / "run.py"), *EXPERIMENT, f"paths.output_dir={out}"],
+                             cwd=tmp_path, env=dict(ENV, PROJECT_ROOT=str(ROOT)), capture_output=True, text=True,
+                             timeout=120)
+    assert refused.returncode == 1 and f"paths.output_dir={out} already holds a run" in refused.stderr
+    beside = refused.stderr.split("beside it with ", 1)[1].split(" (the first free", 1)[0]
+    again = subprocess.run([sys.executable, str(ROOT / "run.py"), *EXPERIMENT, *shlex.split(beside)], cwd=tmp_path,
+                           env=dict(ENV, PROJECT_ROOT=str(ROOT)), capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr[-3000:]
+    beside_dir = tmp_path / "my run_2"
+    assert (beside_dir / "run.log").is_file() and steps(beside_dir) == [0, 1] and not (tmp_path / "outputs").exists()
+
+
+def test_paths_output_dir_and_hydra_run_dir_must_name_one_dir(tmp_path):
+    out = f"{tmp_path}/out"
+    assert prepare_argv(["run.py", "a=1", f"paths.output_dir={out}", "b=2"]) == ["run.py", "a=1", "b=2",
+                                                                               f"hydra.run.dir={out}"]
+    same = ["run.py", f"paths.output_dir={out}/", f"hydra.run.dir={out}"]
+    assert prepare_argv(same) == same
+    for other in (f"hydra.run.dir={tmp_path}/elsewhere", "hydra.run.dir=${unique_dir:" + out + "}"):
+        with pytest.raises(ConfigError, match=r"paths.output_dir=.* and hydra.run.dir=.* name two dirs: the run "
+                                              r"writes its files into paths.output_dir and Hydra its run.log"):
+            prepare_argv(["run.py", f"paths.output_dir={out}", other])
+    # left as they are: a sweep's (Hydra's per-job dirs), and a value built on Hydra's dir itself
+    for argv in (["run.py", "-m", f"paths.output_dir={out}", "data_source.seed=1,2"],
+                 ["run.py", "paths.output_dir=${hydra:runtime.output_dir}/sub"]):
+        assert prepare_argv(argv) == argv
+    assert not Path(out).exists()
+
+
 def test_resume_of_a_sweep_dir_lists_its_jobs_and_a_read_only_dir_says_what_to_do(tmp_path, monkeypatch):
     sweep = tmp_path / "sweep"
     for job, seed in (("0", 1), ("1", 2)):

@@ -130,6 +130,17 @@ def _value(metrics: dict[str, Any], key: str, spec: str) -> str:
     return cell
 
 
+def _full_log(run_dir: str) -> str:
+    """` (full log: <file>)` for the root logger's log file (Hydra's run.log): its name when it is
+    in `run_dir`, else its whole path (a sweep job, or a run whose paths.output_dir is not Hydra's
+    output dir); empty when no file takes the log."""
+    files = [Path(h.baseFilename) for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
+    if not files:
+        return ""
+    where = files[0].name if files[0].parent.resolve() == Path(run_dir).resolve() else str(files[0])
+    return f" (full log: {where})"
+
+
 # rows of the end-of-run table (the newest rollouts)
 _MAX_ROWS = 12
 
@@ -166,7 +177,7 @@ class RunProgress:
         rewards = [r for _, m in self.rows if (r := _num(m, "rollout/raw_reward")) is not None]
         mean = f"mean reward {sum(rewards) / len(rewards):.3f}, " if rewards else ""
         lines += ["", f"{len(self.rows)} rollouts, {mean}{time.perf_counter() - self._start:.1f} s. "
-                      f"Run dir: {self.run_dir} (full log: run.log)",
+                      f"Run dir: {self.run_dir}{_full_log(self.run_dir)}",
                   f"Plots: python -m pipeline.report {shlex.quote(str(self.run_dir))}"]
         if any(Path(self.run_dir, "wandb").glob("offline-run-*")):
             lines.append(f"Upload to wandb: wandb sync {shlex.quote(str(self.run_dir))}/wandb/offline-run-*")

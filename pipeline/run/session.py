@@ -3,7 +3,8 @@
 `prepare_argv(argv)` (called by `run.py`) turns `python run.py resume=X [overrides]` into the
 stored overrides of X (`pipeline.run.run_record`) followed by the new ones, writing into X itself
 (`hydra.run.dir=X`) with this session's Hydra files in `X/.hydra/resume-<time>/` (the original
-run's `.hydra/*.yaml` stay as they were); a sweep dir X continues the whole sweep
+run's `.hydra/*.yaml` stay as they were); a fresh run's `paths.output_dir=X` becomes
+`hydra.run.dir=X`, so Hydra's files lie beside the run's; a sweep dir X continues the whole sweep
 (`pipeline.run.sweep_resume`). Before Hydra writes anything it checks that X is a run dir, that X
 is writable, and locks X (`pipeline.run.run_lock`), so a resume of a live run fails at once. A
 fresh run into an explicit `hydra.run.dir` that a live run holds fails the same way, and so
@@ -125,9 +126,9 @@ def _values(args: list[str], key: str) -> list[str]:
     return [override_value(a) for a in args if _is_override(a) and override_key(a) == key]
 
 
-def _fresh_target_problem(args: list[str]) -> str | None:
-    """Why the explicit run dir (or sweep dir) of a fresh run cannot take it; a live run there
-    raises RunDirLocked before Hydra rewrites its `.hydra` files."""
+def _fresh_target_problem(args: list[str], key: str = "hydra.run.dir") -> str | None:
+    """Why the explicit run dir (or sweep dir) of a fresh run cannot take it, naming the run dir
+    by `key`; a live run there raises RunDirLocked before Hydra rewrites its `.hydra` files."""
     if any(a in _MULTIRUN_FLAGS for a in args):
         sweep_dirs = _values(args, "hydra.sweep.dir")
         if not sweep_dirs:
@@ -140,7 +141,30 @@ def _fresh_target_problem(args: list[str]) -> str | None:
         return None
     if (Path(run_dirs[-1]) / LOCK_FILE).is_file():
         acquire(run_dirs[-1], defer_log=True)
-    return _not_a_folder("hydra.run.dir", run_dirs[-1]) or existing_run_problem(run_dirs[-1])
+    return _not_a_folder(key, run_dirs[-1]) or existing_run_problem(run_dirs[-1], key)
+
+
+def _output_dir_as_run_dir(argv: list[str]) -> tuple[list[str], str]:
+    """A fresh single run's `paths.output_dir=V` turned into `hydra.run.dir=V` (the run dir's
+    default, `${hydra:runtime.output_dir}`, is then V), so Hydra's run.log and .hydra/ lie beside
+    the run's files; with the key the user named the dir by. A sweep's is left as it is. Raises
+    ConfigError when both keys are given for different dirs."""
+    args = argv[1:]
+    outputs = [a for a in args if _is_override(a) and override_key(a) == "paths.output_dir" and "=" in a]
+    if not outputs or any(a in _MULTIRUN_FLAGS for a in args):
+        return argv, "hydra.run.dir"
+    value, run_dirs = outputs[-1].split("=", 1)[1], _values(args, "hydra.run.dir")
+    if "runtime.output_dir" in value:  # refers to Hydra's dir itself
+        return argv, "hydra.run.dir"
+    if run_dirs:
+        literal = "${" not in value + run_dirs[-1]
+        if not literal or Path(override_value(outputs[-1])).absolute() != Path(run_dirs[-1]).absolute():
+            raise ConfigError(f"paths.output_dir={value} and hydra.run.dir={run_dirs[-1]} name two dirs: the run "
+                              f"writes its files into paths.output_dir and Hydra its run.log and .hydra/ into "
+                              f"hydra.run.dir; give one of them (either one sets both)")
+        return argv, "hydra.run.dir"
+    kept = [a for a in argv if a not in outputs]
+    return [*kept, f"hydra.run.dir={value}"], "paths.output_dir"
 
 
 def _job_label(job: Path) -> str:
@@ -171,7 +195,8 @@ def prepare_argv(argv: list[str]) -> list[str]:
     resume = next(iter(_values(args, "resume")), None)
     run_dirs = _values(args, "hydra.run.dir")
     if resume in (None, "", "null"):
-        problem = _fresh_target_problem(args) if runs else None
+        argv, key = _output_dir_as_run_dir(argv)
+        problem = _fresh_target_problem(argv[1:], key) if runs else None
         if problem:
             raise ConfigError(problem)
         return argv
