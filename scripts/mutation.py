@@ -200,7 +200,8 @@ MODULES: dict[str, tuple[list[str], list[str] | None]] = {
     "pipeline/samples/versions.py": (["tests/rollout/test_weight_versions.py", "tests/rollout/test_train_run_items.py",
                                       "tests/rollout/test_engine_rollout.py", "tests/rollout/test_sample_generate.py",
                                       "tests/data/test_buffer_filter_order.py", "tests/data/test_checkpoint.py",
-                                      "tests/data/test_property.py", "tests/train/test_train_async.py",
+                                      "tests/data/test_property.py", "tests/data/test_sample.py",
+                                      "tests/train/test_train_async.py",
                                       "tests/train/test_train_async_real.py"], None),
     # the batched sampler of the static decode path: temperature, top-k / top-p, seeded rows (issue 32)
     "pipeline/engines/hf_sampling.py": (["tests/engines/test_hf_static.py", "tests/engines/test_native_kernels.py",

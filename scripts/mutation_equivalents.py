@@ -321,4 +321,25 @@ EQUIVALENT: dict[str, str] = {
     "pipeline.rewards.labels.x__columnar__mutmut_25": (
         "a null label left null instead of False: to_numpy gives None there, which flatnonzero treats as False"),
     "pipeline.rewards.labels.x__columnar__mutmut_34": "zero_copy_only=None is falsy, as False: the same copy",
+    # pipeline/samples/sample.py
+    "pipeline.samples.sample.x__ints__mutmut_2": (
+        "_ints' tolist() is only a speed path: int() of each element of a 1-D tensor / array (the top-p ids and "
+        "offsets a sample holds) gives the same plain ints as int() of its tolist()"),
+    **{f"pipeline.samples.sample.x__ints__mutmut_{i}": (
+        "the tolist() speed path is skipped (hasattr(None, ...) or a misspelt attribute); int() per element gives "
+        "the same plain ints (see _ints__mutmut_2)") for i in (4, 8, 9)},
+    # pipeline/rewards/text_rules.py
+    "pipeline.rewards.text_rules.x_extract_choice__mutmut_13": (
+        "without a box (or with an empty one) the boxed-letter pattern sees 'XXXX' instead of '': it matches one "
+        "letter only (maybe wrapped), so four letters match no more than nothing does; the pick is the same"),
+    "pipeline.rewards.text_rules.x_f1_reward__mutmut_17": (
+        "an empty or missing response is read as 'XXXX' instead of '': F1 stays 0.0 against every label except one "
+        "whose normalised text holds the token 'xxxx' (mutmut's own marker, no real answer)"),
+    "pipeline.rewards.text_rules.x_grade_gpqa__mutmut_5": (
+        "an empty or missing response is read as 'XXXX' instead of '': no letter pattern, box or lone capital "
+        "letter is in it, so no pick; it scores only against an answer text that normalises to 'xxxx' "
+        "(mutmut's own marker, no real choice)"),
+    "pipeline.rewards.text_rules.x_grade_gpqa__mutmut_58": (
+        "a non-text label (an index, None) gets the answer text 'XXXX' instead of none: only a response holding "
+        "the word 'xxxx' (mutmut's own marker, no real answer) would score by it"),
 }

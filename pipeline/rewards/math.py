@@ -25,28 +25,32 @@ logger = logging.getLogger(__name__)
 MAX_ANSWER_CHARS = 300
 
 _NUMBER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?|-?\d+(?:\.\d+)?(?:/\d+)?")
+# `\boxed{` / `\fbox{` (spaces before the brace allowed) at the start of the text
+_BOX_OPENING = re.compile(r"\\(?:boxed|fbox)\s*\{")
+# the brace-less `\boxed 5`: its first token
+_BARE_BOX = re.compile(r"\\boxed\s+([^\s$]+)")
 
 
 def last_boxed(text: str) -> str | None:
     """Content of the last `\\boxed{...}` / `\\fbox{...}` (nested braces allowed), or of a
-    trailing `\\boxed 5` form; None when there is none."""
+    trailing `\\boxed 5` form; None when there is none (or its braces do not close)."""
     start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
     if start < 0:
         return None
     rest = text[start:]
-    brace = rest.find("{")
-    head = rest[: brace if brace >= 0 else len(rest)]
-    if brace < 0 or head.strip() not in ("\\boxed", "\\fbox"):
-        m = re.match(r"\\boxed\s+([^\s$]+)", rest)
-        return m.group(1) if m else None
-    depth = 0
-    for i in range(brace, len(rest)):
-        if rest[i] == "{":
+    opening = _BOX_OPENING.match(rest)
+    if opening is None:  # `\boxed 5`, or no box after all: `\boxedx`, `\fbox 5`, a cut-off `\boxed`
+        bare = _BARE_BOX.match(rest)
+        return bare.group(1) if bare else None
+    body = rest[opening.end():]
+    depth = 1
+    for i, char in enumerate(body):
+        if char == "{":
             depth += 1
-        elif rest[i] == "}":
+        elif char == "}":
             depth -= 1
             if depth == 0:
-                return rest[brace + 1: i]
+                return body[:i]
     return None  # unbalanced
 
 
@@ -67,8 +71,14 @@ def extract_answer(text: str, boxed_only: bool = False) -> str | None:
 
 
 def _as_latex(value: str) -> str:
+    """`value` as math-verify's input: in `$...$` unless it already starts with a `$`.
+
+    Without delimiters math-verify finds no LaTeX in `x^2` or `\\fbox{4}`; a value that starts
+    with `$` keeps its own (`$12$ cm$^2$` is 12 with a unit, wrapped again it would not be). A label
+    holding a `\\boxed{}` is wrapped too: math-verify finds the box inside `$...$` all the same.
+    """
     value = value.strip()
-    if value.startswith("$") or "\\boxed" in value:
+    if value.startswith("$"):
         return value
     return f"${value}$"
 
@@ -102,7 +112,9 @@ def grade(response: str, label: Any, boxed_only: bool = False) -> float:
     from math_verify import parse, verify
 
     _quiet_timeout_warnings()
-    answer = extract_answer(response or "", boxed_only=boxed_only)
+    if not response:  # "" or None: nothing to grade
+        return 0.0
+    answer = extract_answer(response, boxed_only=boxed_only)
     if answer is None or not answer.strip():
         return 0.0
     label_text = _label_text(label)

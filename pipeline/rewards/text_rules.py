@@ -69,7 +69,8 @@ def f1_reward(response: str, label: Any) -> float:
 
 
 def _after_thinking(text: str) -> str:
-    return text.rsplit("</think>", 1)[-1] if "</think>" in text else text
+    """The text after the last `</think>` (all of it when there is none)."""
+    return text.rpartition("</think>")[2]
 
 
 def _choice_texts(metadata: dict[str, Any]) -> list[str]:
@@ -106,12 +107,16 @@ def extract_choice(response: str, valid: list[str]) -> str | None:
 
 
 def _right_letter(label: Any, metadata: dict[str, Any], valid: list[str], choices: list[str]) -> str | None:
+    """The right option letter: metadata's `correct_letter`, a one-letter label, a numeric label as an index
+    into `valid`, or the letter of the choice whose text equals the label; None without one."""
     given = metadata.get("correct_letter")
     if isinstance(given, str) and given.strip():
         return given.strip().upper()
     if isinstance(label, (int, float)) and not isinstance(label, bool):
         return valid[int(label)] if 0 <= int(label) < len(valid) else None
-    text = str(label).strip() if label is not None else ""
+    if label is None:
+        return None
+    text = str(label).strip()
     if len(text) == 1 and text.upper() in valid:
         return text.upper()
     wanted = _alnum_words(text)
@@ -144,8 +149,6 @@ def grade_gpqa(response: str, label: Any, metadata: dict[str, Any] | None = None
     if label_text and not (len(label_text) == 1 and label_text.upper() in valid):
         targets.append(label_text)
     said = f" {_alnum_words(_after_thinking(response))} "
-    if any(t and f" {t} " in said for t in map(_alnum_words, targets)):
-        return 1.0
-    if picked is not None and right is None and label_text:
-        return 1.0 if picked == label_text.upper() else 0.0
-    return 0.0
+    # (slime's last rule, a picked letter equal to the label when no right letter is known, cannot
+    # fire: such a label is a one-letter valid label, which `_right_letter` already made the right one)
+    return 1.0 if any(t and f" {t} " in said for t in map(_alnum_words, targets)) else 0.0

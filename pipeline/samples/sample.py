@@ -164,8 +164,8 @@ class Sample:
                 f"{self.response_length} earlier response tokens"
             )
         top_p = self._grown_top_p(meta, len(tokens), trainable)
-        experts = routed_experts_rows(meta, args, len(self.tokens) + len(tokens), self.rollout_routed_experts) \
-            if "routed_experts" in meta else None
+        # None without meta_info["routed_experts"] (args is read only when they are there)
+        experts = routed_experts_rows(meta, args, len(self.tokens) + len(tokens), self.rollout_routed_experts)
         self.tokens = list(self.tokens) + tokens
         mask = list(self.loss_mask) if self.loss_mask is not None else [1] * self.response_length
         mask.extend([1 if trainable else 0] * len(tokens))

@@ -94,6 +94,18 @@ def test_f1(response: str, label: Any, expected: float) -> None:
     assert f1_reward(response, label) == pytest.approx(expected)
 
 
+def test_f1_without_a_label_says_where_to_set_it() -> None:
+    with pytest.raises(ValueError, match=r"^rm_type f1 needs a label \(set data_source\.label_key\)$"):
+        f1_reward("Paris", None)
+
+
+def test_f1_of_an_empty_answer_list_or_a_missing_response_is_0() -> None:
+    # SQuAD 2.0's unanswerable questions carry an empty list of answers: nothing to match, 0.0
+    assert f1_reward("Paris", []) == 0.0 and f1_reward("Paris", ()) == 0.0
+    # a missing response is no text at all, not the word "none"
+    assert f1_reward(None, "None") == 0.0 and f1_reward("", "Paris") == 0.0  # type: ignore[arg-type]
+
+
 # ------------------------------------------------------------------ gpqa
 CHOICES = ["Mitochondria", "Nucleus", "Ribosome", "Golgi apparatus"]
 
@@ -115,6 +127,77 @@ CHOICES = ["Mitochondria", "Nucleus", "Ribosome", "Golgi apparatus"]
     ("I cannot tell.", "A", {}, 0.0),
 ])
 def test_gpqa(response: str, label: Any, metadata: dict, expected: float) -> None:
+    assert grade_gpqa(response, label, metadata) == expected
+
+
+GOLGI = "It must be the Golgi apparatus."
+
+
+@pytest.mark.parametrize("response,label,expected", [
+    ("<think>The answer is A? Let me check the membrane again.</think>\nThe answer is B, since A lacks it.", "B", 1.0),
+    ("<think>First pass.</think>Answer: A\n<think>Wait, A has no ribosomes.</think>Answer: B", "B", 1.0),  # the last
+    ("<think>First pass.</think>Answer: B\n<think>Wait, B has no ribosomes.</think>Answer: A", "B", 0.0),
+])
+def test_gpqa_reads_the_pick_after_the_last_think(response: str, label: str, expected: float) -> None:
+    assert grade_gpqa(response, label) == expected
+
+
+def test_gpqa_finds_the_choice_text_only_after_the_last_think() -> None:
+    thought = "<think>Could it be the Golgi apparatus? No.</think>"
+    assert grade_gpqa(thought + "It is the nucleus.", "D", {"choices": CHOICES}) == 0.0
+    assert grade_gpqa(thought + GOLGI, "D", {"choices": CHOICES}) == 1.0
+
+
+def test_gpqa_choices_given_as_a_letter_dict() -> None:
+    choices = dict(zip("ABCD", CHOICES))
+    assert grade_gpqa(GOLGI, "D", {"choices": choices}) == 1.0                 # the text of choice D
+    assert grade_gpqa("It must be the nucleus.", "D", {"choices": choices}) == 0.0
+    assert grade_gpqa("The answer is B", "Nucleus", {"choices": choices}) == 1.0
+
+
+@pytest.mark.parametrize("response,label,expected", [
+    ("Answer: A", 0, 1.0),                   # index 0 is A
+    ("Answer: B", 0, 0.0),
+    ("Answer: D", 3, 1.0),
+    ("Answer: D", 4, 0.0),                   # past the four choices: no right letter (and no crash)
+    ("Answer: D", -1, 0.0),                  # a -1 "unknown" label is not the last choice
+    ("All 3 others are wrong, so it is the nucleus.", 3, 0.0),         # the index is not a number to find
+    ("All 3 others are wrong, so it is the Golgi apparatus.", 3, 1.0),  # choice 3's text is
+])
+def test_gpqa_numeric_label_is_an_index_into_the_choices(response: str, label: int, expected: float) -> None:
+    assert grade_gpqa(response, label, {"choices": CHOICES}) == expected
+
+
+@pytest.mark.parametrize("response,label,metadata,expected", [
+    # four choices: E is no pick, the model's correction is
+    ("Answer: E. Sorry, there is no E; answer: B", "B", {"choices": CHOICES}, 1.0),
+    # three valid letters, no choice texts: D is no pick either
+    ("Option D? There is no D here, so the answer is B.", "B", {"valid_letters": ["A", "B", "C"]}, 1.0),
+    # valid letters given in lower case are the upper-case picks; the numeric label indexes them
+    ("Answer: E", 4, {"valid_letters": ["a", "b", "c", "d", "e"]}, 1.0),
+    ("Answer: D", 4, {"valid_letters": ["a", "b", "c", "d", "e"]}, 0.0),
+])
+def test_gpqa_picks_only_a_valid_letter(response: str, label: Any, metadata: dict, expected: float) -> None:
+    assert grade_gpqa(response, label, metadata) == expected
+
+
+@pytest.mark.parametrize("response,label,metadata,expected", [
+    (GOLGI, "D", {"correct_answer": "Golgi apparatus"}, 1.0),        # no choices: metadata names the answer
+    (GOLGI, "D", {"answer_text": "Golgi apparatus"}, 1.0),
+    ("It must be the nucleus.", "D", {"correct_answer": "Golgi apparatus"}, 0.0),
+    (GOLGI, "Golgi apparatus", {}, 1.0),                              # a textual label is the answer text
+    ("It must be the nucleus.", "Golgi apparatus", {}, 0.0),
+    ("Answer: D", "Golgi apparatus", {}, 0.0),                        # no choices: D cannot be told right
+    ("Answer: B", "2", {"choices": ["1", "2", "3", "4"]}, 1.0),       # "2" is the text of choice B, not a letter
+    ("Answer: A", "2", {"choices": ["1", "2", "3", "4"]}, 0.0),
+    ("There are 7 stereoisomers.", "7", {}, 1.0),                     # a one-character answer that is no letter
+    ("There are 8 stereoisomers.", "7", {}, 0.0),
+    ("This is a hard one; it depends on the cell type.", "A", {}, 0.0),  # the article "a" is no pick of A
+    ("no idea, sorry", "A", {}, 0.0),                                 # no pick, no choice text: 0
+    ("Answer: D", None, {"choices": ["0", "1", "2", "None"]}, 0.0),   # no label: not the choice "None"
+])
+def test_gpqa_without_a_letter_on_both_sides_compares_the_answer_text(response: str, label: Any, metadata: dict,
+                                                                      expected: float) -> None:
     assert grade_gpqa(response, label, metadata) == expected
 
 
