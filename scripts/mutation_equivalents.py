@@ -342,4 +342,7 @@ EQUIVALENT: dict[str, str] = {
     "pipeline.rewards.text_rules.x_grade_gpqa__mutmut_58": (
         "a non-text label (an index, None) gets the answer text 'XXXX' instead of none: only a response holding "
         "the word 'xxxx' (mutmut's own marker, no real answer) would score by it"),
+    # pipeline/run/overrides.py
+    "pipeline.run.overrides.x_unique_dir_arg__mutmut_12": (
+        "bare_ok is only read as `arg if bare_ok else ...`; None and False are both falsy"),
 }

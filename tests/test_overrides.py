@@ -9,7 +9,7 @@ import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
-from pipeline.run.overrides import command_arg, hydra_quoted, override_value, unique_dir_arg
+from pipeline.run.overrides import command_arg, hydra_quoted, is_sweep_override, override_value, unique_dir_arg
 
 ODD = ["runs/plain_dir-1.x", "/tmp/odd dir é", "/tmp/x'y", '/tmp/a"b', "/a/b'c\"d", "C:\\runs\\x", "/tmp/a\\",
        '/tmp/a\\"b\\', "/tmp/a,b=c[d]{e}(f)", "/tmp/\\\\x", "/x/\\\\'", "é", "日本語/ラン", "/tmp/tab\there"]
@@ -39,6 +39,31 @@ def test_plain_values_stay_as_they_are_and_unparsable_ones_as_typed():
     assert override_value("resume=/tmp/é") == "/tmp/é"
     assert override_value("resume=/tmp/a,b") == "/tmp/a,b"
     assert override_value("resume=null") == "null"
+
+
+@pytest.mark.parametrize("value", ['/tmp/a"b', 'runs/say "hi"', 'runs/"x" y'])
+def test_a_value_holding_a_double_quote_is_kept_verbatim_in_single_quotes(value):
+    # single quotes let a `"` stand unescaped: the stored and printed override shows the path as it is
+    assert hydra_quoted(value) == f"'{value}'"
+    assert OverridesParser.create().parse_override(f"resume={hydra_quoted(value)}").value() == value
+
+
+@pytest.mark.parametrize("arg", ["resume=runs/lr=1e-5", "resume=runs/lr=1e-5,bs=8", "resume=/tmp/é=a=b"])
+def test_a_refused_value_holding_an_equals_sign_is_all_the_text_after_the_first_one(arg):
+    from hydra.errors import HydraException
+
+    with pytest.raises(HydraException):  # Hydra's grammar refuses a bare `=` (and `é`) in a value
+        OverridesParser.create().parse_override(arg)
+    assert override_value(arg) == arg.split("resume=", 1)[1]
+
+
+@pytest.mark.parametrize("arg, sweep", [
+    ("seed=1,2", True), ("+x=a,b", True), ("seed=range(0,3)", True), ("data=glob(*)", True),
+    ("seed=1", False), ("lr=[1,2]", False), ('resume="a,b"', False),  # one value, a list, a quoted comma
+    ("seed=(1", False), ("seed=1,[", False), ("resume=runs/lr=1e-5", False),  # refused by Hydra: no sweep
+])
+def test_a_sweep_is_recognised_and_a_malformed_override_is_none(arg, sweep):
+    assert is_sweep_override(arg) is sweep
 
 
 # ----------------------------------------------------------------------------- `+key` typos at pre-flight
