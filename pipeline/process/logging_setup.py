@@ -132,8 +132,8 @@ def _value(metrics: dict[str, Any], key: str, spec: str) -> str:
 
 def _full_log(run_dir: str) -> str:
     """` (full log: <file>)` for the root logger's log file (Hydra's run.log): its name when it is
-    in `run_dir`, else its whole path (a sweep job, or a run whose paths.output_dir is not Hydra's
-    output dir); empty when no file takes the log."""
+    in `run_dir`, else its whole path (a sweep job whose paths.output_dir is not Hydra's job dir);
+    empty when no file takes the log."""
     files = [Path(h.baseFilename) for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
     if not files:
         return ""
