@@ -170,6 +170,17 @@ def _cli(tmp: Path, *extra: str) -> str:
     return proc.stderr + proc.stdout
 
 
+def _sweep_into_one_dir(tmp: Path) -> str:
+    """A sweep with one plain paths.output_dir: refused before Hydra writes anything."""
+    env = {**os.environ, "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1", "HYDRA_FULL_ERROR": "0"}
+    proc = subprocess.run([sys.executable, "run.py", "-m", *_overrides(tmp, "data_source.seed=1,2"),
+                           f"paths.output_dir={tmp}/out", f"hydra.sweep.dir={tmp}/sweep"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=110)
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert not (tmp / "out").exists() and not (tmp / "sweep").exists(), "the refused sweep wrote files"
+    return proc.stderr + proc.stdout
+
+
 def _resume_after(tmp: Path, damage: Callable[[Path], None], *extra: str) -> str:
     """One good rollout (checkpoint rollout_0), `damage` the checkpoints folder, resume."""
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
@@ -258,6 +269,7 @@ CASES: dict[str, Callable[[Path], str]] = {
     "wrong-type": lambda t: _cli(t, "rollout_batch_size=abc"),
     "dataset-missing": lambda t: _cli(t, "data_source.prompt_data=nope.jsonl"),
     "target-not-allowed-cli": lambda t: _cli(t, "rollout.path=os.system"),
+    "sweep-into-one-dir": _sweep_into_one_dir,
     # config, in-process
     "unknown-group-option": lambda t: _compose(t, "engine=nope"),
     "zero-size": lambda t: _app(t, "rollout_batch_size=0"),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import socket
@@ -413,8 +414,14 @@ def test_paths_output_dir_and_hydra_run_dir_must_name_one_dir(tmp_path):
         with pytest.raises(ConfigError, match=r"paths.output_dir=.* and hydra.run.dir=.* name two dirs: the run "
                                               r"writes its files into paths.output_dir and Hydra its run.log"):
             prepare_argv(["run.py", f"paths.output_dir={out}", other])
-    # left as they are: a sweep's (Hydra's per-job dirs), and a value built on Hydra's dir itself
-    for argv in (["run.py", "-m", f"paths.output_dir={out}", "data_source.seed=1,2"],
+    # a sweep's jobs would all write into one plain paths.output_dir: refused, naming the sweep dir to use
+    with pytest.raises(ConfigError, match=re.escape(f"paths.output_dir={out} in a sweep: every job would write into "
+                                                    f"that one dir") + ".*" + re.escape(f"hydra.sweep.dir={out}, where "
+                                                                                        f"job <n> writes into <dir>/<n>")):
+        prepare_argv(["run.py", "-m", f"paths.output_dir={out}", "data_source.seed=1,2"])
+    # left as they are: a sweep over the dir, one dir per job by interpolation, a value built on Hydra's dir
+    for argv in (["run.py", "-m", f"paths.output_dir={out}/a,{out}/b"],
+                 ["run.py", "-m", "paths.output_dir=" + out + "/${hydra:job.num}", "data_source.seed=1,2"],
                  ["run.py", "paths.output_dir=${hydra:runtime.output_dir}/sub"]):
         assert prepare_argv(argv) == argv
     assert not Path(out).exists()

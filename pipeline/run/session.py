@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.data.checkpoint import list_checkpoints
-from pipeline.run.overrides import command_arg, hydra_quoted, override_value, unique_dir_arg
+from pipeline.run.overrides import command_arg, hydra_quoted, is_sweep_override, override_value, unique_dir_arg
 from pipeline.config.plugins import ConfigError
 from pipeline.run.run_lock import LOCK_FILE, acquire
 from pipeline.run.run_record import (OPT_IN, RECORD_FILE, SessionOverrides, merge_overrides, override_key, read_record,
@@ -147,13 +147,21 @@ def _fresh_target_problem(args: list[str], key: str = "hydra.run.dir") -> str | 
 def _output_dir_as_run_dir(argv: list[str]) -> tuple[list[str], str]:
     """A fresh single run's `paths.output_dir=V` turned into `hydra.run.dir=V` (the run dir's
     default, `${hydra:runtime.output_dir}`, is then V), so Hydra's run.log and .hydra/ lie beside
-    the run's files; with the key the user named the dir by. A sweep's is left as it is. Raises
-    ConfigError when both keys are given for different dirs."""
+    the run's files; with the key the user named the dir by. Raises ConfigError when both keys are
+    given for different dirs, and for a sweep with one plain `paths.output_dir` (every job would
+    write into that one dir); a sweep over it, or one built on interpolations, is left as it is."""
     args = argv[1:]
     outputs = [a for a in args if _is_override(a) and override_key(a) == "paths.output_dir" and "=" in a]
-    if not outputs or any(a in _MULTIRUN_FLAGS for a in args):
+    if not outputs:
         return argv, "hydra.run.dir"
     value, run_dirs = outputs[-1].split("=", 1)[1], _values(args, "hydra.run.dir")
+    if any(a in _MULTIRUN_FLAGS for a in args):
+        if "${" not in value and not is_sweep_override(outputs[-1]):
+            raise ConfigError(f"paths.output_dir={value} in a sweep: every job would write into that one dir (the "
+                              f"second finding the first's checkpoints); set the sweep's dir instead, "
+                              f"{command_arg('hydra.sweep.dir', override_value(outputs[-1]))}, where job <n> "
+                              f"writes into <dir>/<n>")
+        return argv, "hydra.run.dir"
     if "runtime.output_dir" in value:  # refers to Hydra's dir itself
         return argv, "hydra.run.dir"
     if run_dirs:
