@@ -184,12 +184,14 @@ MODULES: dict[str, tuple[list[str], list[str] | None]] = {
     "pipeline/samples/sample.py": (["tests/data/test_sample.py", "tests/data/test_sample_slime.py"], None),
     # override quoting both ways and the `+key` typo warning with its edit distance (issue 31)
     "pipeline/run/overrides.py": (["tests/test_overrides.py"], None),
+    # a fresh run's explicit dir: the refusals before Hydra writes, paths.output_dir as Hydra's run dir
+    "pipeline/run/fresh_run.py": (["tests/test_fresh_run.py"], None),
     # the run record: stored overrides and their upgrades, resume checks, the change log (issue 32)
     "pipeline/run/run_record.py": (["tests/test_run_record.py", "tests/test_run_dir.py",
                                     "tests/resume/test_resume_upgrade.py", "tests/resume/test_resume_kill.py"], None),
     # one run per run dir: the lock, a dead holder taken over after a crash (issue 32)
-    "pipeline/run/run_lock.py": (["tests/test_run_dir.py", "tests/test_bad_inputs_pipeline.py",
-                                  "tests/resume/test_resume_kill.py"], None),
+    "pipeline/run/run_lock.py": (["tests/test_run_dir.py", "tests/test_fresh_run.py",
+                                  "tests/test_bad_inputs_pipeline.py", "tests/resume/test_resume_kill.py"], None),
     # fixed and adaptive over-sampling, its state across a kill (issue 32)
     "pipeline/rollout/over_sampling.py": (["tests/rollout/test_over_sampling.py",
                                            "tests/rollout/test_plugins_and_adaptive.py",

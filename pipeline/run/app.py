@@ -21,8 +21,9 @@ from pipeline.process.malloc import keep_freed_memory
 from pipeline.process.openmp import configure_openmp_wait
 from pipeline.config.plugins import SLOTS_BY_NAME, ConfigError, allowed_targets
 from pipeline.run.run_record import check_resume_config, project_upgrades, read_changes, read_record
-from pipeline.run.session import (discard_session_files, existing_run_problem, has_checkpoint, hydra_config, interrupt_hint,
-                              session_overrides, store_record)
+from pipeline.run.fresh_run import existing_run_problem, has_checkpoint
+from pipeline.run.session import (discard_session_files, hydra_config, interrupt_hint, session_overrides,
+                                  store_record)
 from pipeline.sinks.jsonl import MetricsJsonl
 
 __all__ = ["run", "run_identity"]

@@ -7,10 +7,7 @@ run's `.hydra/*.yaml` stay as they were); a fresh run's `paths.output_dir=X` bec
 `hydra.run.dir=X`, so Hydra's files lie beside the run's; a sweep dir X continues the whole sweep
 (`pipeline.run.sweep_resume`). Before Hydra writes anything it checks that X is a run dir, that X
 is writable, and locks X (`pipeline.run.run_lock`), so a resume of a live run fails at once. A
-fresh run into an explicit `hydra.run.dir` that a live run holds fails the same way, and so
-does one into a dir (or a sweep into a `hydra.sweep.dir`) that holds a run with a checkpoint
-(`existing_run_problem`): a fresh run there would truncate that run's metrics, prune its
-checkpoints and overwrite its record.
+fresh run's explicit dir is checked by `pipeline.run.fresh_run`.
 """
 
 from __future__ import annotations
@@ -22,16 +19,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline.data.checkpoint import list_checkpoints
-from pipeline.run.overrides import command_arg, hydra_quoted, is_sweep_override, override_value, unique_dir_arg
 from pipeline.config.plugins import ConfigError
-from pipeline.run.run_lock import LOCK_FILE, acquire
+from pipeline.run.fresh_run import (MULTIRUN_FLAGS, checkpoint_ids, fresh_target_problem, is_override,
+                                    output_dir_as_run_dir, override_values)
+from pipeline.run.overrides import command_arg, hydra_quoted
+from pipeline.run.run_lock import acquire
 from pipeline.run.run_record import (OPT_IN, RECORD_FILE, SessionOverrides, merge_overrides, override_key, read_record,
                                  record_changes, upgrade_overrides, write_record)
 from pipeline.run.sweep_resume import is_sweep_dir, job_dirs, sweep_resume_argv
 
-__all__ = ["SESSION_PREFIX", "discard_session_files", "existing_run_problem", "has_checkpoint", "hydra_config",
-           "interrupt_hint", "prepare_argv", "resume_target_problem", "session_subdir", "store_record"]
+__all__ = ["SESSION_PREFIX", "discard_session_files", "hydra_config", "interrupt_hint", "prepare_argv",
+           "resume_target_problem", "session_subdir", "store_record"]
 
 logger = logging.getLogger(__name__)
 
@@ -39,11 +37,6 @@ logger = logging.getLogger(__name__)
 SESSION_PREFIX = "resume-"
 # flags after which Hydra does not run the job (nothing to lock, nothing written)
 _NO_RUN_FLAGS = ("--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "--resolve", "--shell-completion", "-sc")
-_MULTIRUN_FLAGS = ("--multirun", "-m")
-
-
-def _is_override(arg: str) -> bool:
-    return not arg.startswith("-") and ("=" in arg or arg.startswith("~"))
 
 
 def resume_target_problem(resume: str) -> str | None:
@@ -71,110 +64,6 @@ def resume_target_problem(resume: str) -> str | None:
     return None
 
 
-def _checkpoint_ids(run_dir: Path) -> list[int]:
-    """The rollout ids of the complete checkpoint files in `run_dir/checkpoints` (no `.tmp`)."""
-    return [rollout_id for rollout_id, _ in list_checkpoints(run_dir / "checkpoints")]
-
-
-def has_checkpoint(run_dir: str) -> bool:
-    """Whether `run_dir` holds a complete checkpoint file (a run a resume can continue)."""
-    return bool(_checkpoint_ids(Path(run_dir)))
-
-
-def existing_run_problem(run_dir: str, key: str = "hydra.run.dir") -> str | None:
-    """Why a fresh run (no `resume=`) must not write into `run_dir`, named by the override `key`:
-    it holds a run with a checkpoint, which a fresh run would mix with its own. None when it holds
-    none (a new or empty dir, one refused at pre-flight, or a run stopped before its first
-    checkpoint, which the interrupt message tells to start again)."""
-    ids = _checkpoint_ids(Path(run_dir))
-    if not ids:
-        return None
-    name = Path(run_dir).name
-    return (f"{key}={run_dir} already holds a run (newest checkpoint: rollout {max(ids)}); a fresh run there "
-            f"would truncate its metrics.jsonl, prune its checkpoints and overwrite its record. Continue that "
-            f"run with\n  python run.py {command_arg('resume', run_dir)}\nor start a new one beside it with "
-            f"{unique_dir_arg(key, run_dir)} (the first free {name}_2, {name}_3, ...) or "
-            f"another dir, or delete {run_dir} to start over")
-
-
-def _not_a_folder(key: str, path: str) -> str | None:
-    """Why `path` (or a folder above it) cannot become the run's folder: it is a file."""
-    for p in (Path(path), *Path(path).parents):
-        if p.exists() and not p.is_dir():
-            return (f"{key}={path}: {p} is a file, not a folder; the run writes its files into a folder: choose "
-                    f"another path")
-        if p.is_dir():
-            return None
-    return None
-
-
-def _sweep_problem(sweep_dir: str) -> str | None:
-    """Why a fresh sweep must not write into `sweep_dir`: one of its job dirs holds a run."""
-    path = Path(sweep_dir)
-    jobs = job_dirs(path) if path.is_dir() else []
-    taken = [job for job in jobs if existing_run_problem(str(job))]
-    if not taken:
-        return None
-    return (f"hydra.sweep.dir={sweep_dir} already holds a sweep (jobs with checkpoints: "
-            f"{', '.join(j.name for j in taken)}); a new sweep there would overwrite its jobs. Continue that "
-            f"sweep with\n  python run.py {command_arg('resume', sweep_dir)}\nor start a new one beside it with "
-            f"{unique_dir_arg('hydra.sweep.dir', sweep_dir)} or another dir")
-
-
-def _values(args: list[str], key: str) -> list[str]:
-    """The values (as Hydra reads them) of the overrides of `key` in `args`, in order."""
-    return [override_value(a) for a in args if _is_override(a) and override_key(a) == key]
-
-
-def _fresh_target_problem(args: list[str], key: str = "hydra.run.dir") -> str | None:
-    """Why the explicit run dir (or sweep dir) of a fresh run cannot take it, naming the run dir
-    by `key`; a live run there raises RunDirLocked before Hydra rewrites its `.hydra` files."""
-    if any(a in _MULTIRUN_FLAGS for a in args):
-        sweep_dirs = _values(args, "hydra.sweep.dir")
-        if not sweep_dirs:
-            return None
-        continues = any(v.lower() == "true" for v in _values(args, "continue_sweep"))
-        return _not_a_folder("hydra.sweep.dir", sweep_dirs[-1]) or (
-            None if continues else _sweep_problem(sweep_dirs[-1]))
-    run_dirs = _values(args, "hydra.run.dir")
-    if not run_dirs:
-        return None
-    if (Path(run_dirs[-1]) / LOCK_FILE).is_file():
-        acquire(run_dirs[-1], defer_log=True)
-    return _not_a_folder(key, run_dirs[-1]) or existing_run_problem(run_dirs[-1], key)
-
-
-def _output_dir_as_run_dir(argv: list[str]) -> tuple[list[str], str]:
-    """A fresh single run's `paths.output_dir=V` turned into `hydra.run.dir=V` (the run dir's
-    default, `${hydra:runtime.output_dir}`, is then V), so Hydra's run.log and .hydra/ lie beside
-    the run's files; with the key the user named the dir by. Raises ConfigError when both keys are
-    given for different dirs, and for a sweep with one plain `paths.output_dir` (every job would
-    write into that one dir); a sweep over it, or one built on interpolations, is left as it is."""
-    args = argv[1:]
-    outputs = [a for a in args if _is_override(a) and override_key(a) == "paths.output_dir" and "=" in a]
-    if not outputs:
-        return argv, "hydra.run.dir"
-    value, run_dirs = outputs[-1].split("=", 1)[1], _values(args, "hydra.run.dir")
-    if any(a in _MULTIRUN_FLAGS for a in args):
-        if "${" not in value and not is_sweep_override(outputs[-1]):
-            raise ConfigError(f"paths.output_dir={value} in a sweep: every job would write into that one dir (the "
-                              f"second finding the first's checkpoints); set the sweep's dir instead, "
-                              f"{command_arg('hydra.sweep.dir', override_value(outputs[-1]))}, where job <n> "
-                              f"writes into <dir>/<n>")
-        return argv, "hydra.run.dir"
-    if "runtime.output_dir" in value:  # refers to Hydra's dir itself
-        return argv, "hydra.run.dir"
-    if run_dirs:
-        literal = "${" not in value + run_dirs[-1]
-        if not literal or Path(override_value(outputs[-1])).absolute() != Path(run_dirs[-1]).absolute():
-            raise ConfigError(f"paths.output_dir={value} and hydra.run.dir={run_dirs[-1]} name two dirs: the run "
-                              f"writes its files into paths.output_dir and Hydra its run.log and .hydra/ into "
-                              f"hydra.run.dir; give one of them (either one sets both)")
-        return argv, "hydra.run.dir"
-    kept = [a for a in argv if a not in outputs]
-    return [*kept, f"hydra.run.dir={value}"], "paths.output_dir"
-
-
 def _job_label(job: Path) -> str:
     try:
         record = read_record(job)
@@ -200,21 +89,21 @@ def prepare_argv(argv: list[str]) -> list[str]:
     argv = [argv[0], *upgrade_overrides(argv[1:])]
     args = argv[1:]
     runs = not any(a.split("=", 1)[0] in _NO_RUN_FLAGS for a in args)
-    resume = next(iter(_values(args, "resume")), None)
-    run_dirs = _values(args, "hydra.run.dir")
+    resume = next(iter(override_values(args, "resume")), None)
+    run_dirs = override_values(args, "hydra.run.dir")
     if resume in (None, "", "null"):
-        argv, key = _output_dir_as_run_dir(argv)
-        problem = _fresh_target_problem(argv[1:], key) if runs else None
+        argv, key = output_dir_as_run_dir(argv)
+        problem = fresh_target_problem(argv[1:], key) if runs else None
         if problem:
             raise ConfigError(problem)
         return argv
-    overrides = [a for a in args if _is_override(a) and override_key(a) != "resume"]
-    flags = [a for a in args if not _is_override(a)]
+    overrides = [a for a in args if is_override(a) and override_key(a) != "resume"]
+    flags = [a for a in args if not is_override(a)]
     if is_sweep_dir(Path(resume)):
         sweep = Path(resume).resolve()
-        return sweep_resume_argv(argv[0], sweep, overrides, [f for f in flags if f not in _MULTIRUN_FLAGS],
+        return sweep_resume_argv(argv[0], sweep, overrides, [f for f in flags if f not in MULTIRUN_FLAGS],
                                  session_subdir(sweep), runs)
-    if any(a in _MULTIRUN_FLAGS for a in args):
+    if any(a in MULTIRUN_FLAGS for a in args):
         raise ConfigError("resume: a resume continues one run; drop -m (sweep over fresh runs instead)")
     problem = resume_target_problem(resume)
     if problem:
@@ -325,7 +214,7 @@ def interrupt_hint(run_dir: str, save_interval: int | None, sweep_dir: str | Non
     """What Ctrl-C kept and the command that continues the run (and, for a job of a sweep in
     `sweep_dir`, the whole sweep). Checkpoints are written every `save_interval` rollouts (and after
     the last); rollouts finished after the newest one are redone."""
-    ids = _checkpoint_ids(Path(run_dir))
+    ids = checkpoint_ids(Path(run_dir))
     if not save_interval:
         every = "save_interval=null: a checkpoint after the last rollout only"
     else:

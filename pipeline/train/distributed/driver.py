@@ -37,7 +37,7 @@ from pipeline.cluster.devices import (HF_ENGINE, cuda_device_count, gpus_for_tra
 from pipeline.config.args import SlimeArgs
 from pipeline.engines.assets import resolve_checkpoint
 from pipeline.engines.weight_sync import as_tensors
-from pipeline.run.session import command_arg
+from pipeline.run.overrides import command_arg
 from pipeline.train import batches
 from pipeline.train.distributed import split
 from pipeline.train.distributed.group import WorkerGroup
