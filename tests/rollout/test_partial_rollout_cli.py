@@ -57,9 +57,33 @@ def test_the_buffer_tour_command_shows_drops_aborts_continuations_and_surplus(tm
     def total(key: str) -> float:
         return sum(r[key] for r in rows)
 
-    if not (total("rollout/surplus_groups_carried") > 0 and total("rollout/surplus_groups_reused") > 0):
-        # no surplus in 5 rollouts' timing (seen once in CI): resume the run, as a user would,
-        # for 3 more; the surplus must show up there, and the resumed rollouts count too
+    def continued() -> int:
+        """Samples aborted in rollout r and continued from r + 1 on: the first later dump that holds
+        one has the same tokens, then more (staleness counts weight versions: with no trainer
+        nothing is stale, so nothing is regenerated instead); every rollout of `rows` counts."""
+        done = len(rows)
+        dumps = {r: {s["index"]: s for s in map(json.loads, (run_dir / "samples" / f"rollout_{r}.jsonl")
+                                                   .read_text().splitlines())} for r in range(done)}
+        checked = 0
+        for r in range(done - 1):
+            partial = partial_samples(run_dir, r) if rows[r]["rollout/aborted_groups_to_buffer"] else {}
+            if partial:
+                assert rows[r + 1]["rollout/continued_samples"] > 0
+            for index, before in partial.items():
+                # the first later batch that holds it (a continued sample may finish as surplus and
+                # be served from the buffer a rollout later, e.g. behind better groups of reward_topk)
+                later = next((dumps[k][index] for k in range(r + 1, done) if index in dumps[k]), None)
+                if later is not None:
+                    after = later["tokens"]
+                    assert after[: len(before)] == before, f"sample {index} was restarted, not continued"
+                    assert len(after) > len(before)
+                    checked += 1
+        return checked
+
+    surplus = total("rollout/surplus_groups_carried") > 0 and total("rollout/surplus_groups_reused") > 0
+    if not surplus or not continued():
+        # no surplus, or no continuation served, in 5 rollouts' timing (each seen once in CI):
+        # resume the run, as a user would, for 3 more; the resumed rollouts count too
         more = subprocess.run([sys.executable, "run.py", f"resume={run_dir}", f"num_rollout={ROLLOUTS + 3}",
                                "allow_config_change=true",
                                f"data_source.keep_checkpoints={ROLLOUTS + 3}"],  # keep the first 5 to read
@@ -69,23 +93,4 @@ def test_the_buffer_tour_command_shows_drops_aborts_continuations_and_surplus(tm
         assert [r["step"] for r in rows] == list(range(ROLLOUTS + 3))
     assert sum(v for r in rows for k, v in r.items() if k.startswith("rollout/dynamic_filter/drop_")) > 0
     assert total("rollout/surplus_groups_carried") > 0 and total("rollout/surplus_groups_reused") > 0
-    # aborted in rollout r, continued from r + 1 on: the first later dump that holds it has the same
-    # tokens, then more. (Staleness counts weight versions: with no trainer nothing is stale, so
-    # nothing is regenerated instead.)
-    dumps = {r: {s["index"]: s for s in map(json.loads, (run_dir / "samples" / f"rollout_{r}.jsonl")
-                                               .read_text().splitlines())} for r in range(ROLLOUTS)}
-    checked = 0
-    for r in range(ROLLOUTS - 1):
-        partial = partial_samples(run_dir, r) if rows[r]["rollout/aborted_groups_to_buffer"] else {}
-        if partial:
-            assert rows[r + 1]["rollout/continued_samples"] > 0
-        for index, before in partial.items():
-            # the first later batch that holds it (a continued sample may finish as surplus and
-            # be served from the buffer a rollout later, e.g. behind better groups of reward_topk)
-            later = next((dumps[k][index] for k in range(r + 1, ROLLOUTS) if index in dumps[k]), None)
-            if later is not None:
-                after = later["tokens"]
-                assert after[: len(before)] == before, f"sample {index} was restarted, not continued"
-                assert len(after) > len(before)
-                checked += 1
-    assert checked > 0, "no aborted sample with a partial response was continued in a later rollout"
+    assert continued() > 0, "no aborted sample with a partial response was continued in a later rollout"
