@@ -16,6 +16,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from pipeline.config.args import ConfigError
+from pipeline.process.stop_signals import ignore_further_stops
 from pipeline.run.run_lock import RunDirLocked
 from pipeline.run.session import prepare_argv
 
@@ -57,8 +58,8 @@ if __name__ == "__main__":
                          "runs are complete; a sweep continues with python run.py resume=<sweep dir>\n")
         sys.exit(130)
     except SystemExit as exc:
-        if exc.code == 130:  # interrupted: a second Ctrl-C does not turn the exit into a traceback
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if exc.code in (130, 143):  # stopped (Ctrl-C, SIGTERM): a second one does not turn the exit into a traceback
+            ignore_further_stops()
         raise
     finally:
         # Every object left is exempted from the cyclic collector: the interpreter's shutdown

@@ -57,6 +57,7 @@ MODULES: dict[str, tuple[list[str], list[str] | None]] = {
     "pipeline/process/openmp.py": (["tests/test_openmp.py"], None),
     "pipeline/process/malloc.py": (["tests/test_malloc.py"], None),
     "pipeline/process/threads.py": (["tests/test_threads.py"], None),
+    "pipeline/process/stop_signals.py": (["tests/test_stop_signals.py"], None),
     # the empty-label rule and its pre-flight scan; the graders and the remote answer types (issue 31)
     "pipeline/rewards/labels.py": (["tests/rewards/test_empty_labels.py", "tests/rewards/test_slime_parity_graders.py",
                                     "tests/rewards/test_reward_preflight.py"], None),

@@ -251,20 +251,24 @@ def test_a_killed_runs_stale_lock_is_taken_over(tmp_path):
 
 
 @pytest.mark.timeout(400)
-def test_ctrl_c_saves_releases_and_prints_the_resume_command(tmp_path):
+@pytest.mark.parametrize(("signum", "code", "name"), [(signal.SIGINT, 130, "Ctrl-C"), (signal.SIGTERM, 143, "SIGTERM")],
+                         ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_saves_releases_and_prints_the_resume_command(tmp_path, signum, code, name):
+    # SIGTERM (a scheduler's stop, `kill`, `timeout`) stops the run as Ctrl-C does
     run_dir = tmp_path / "run"
     proc = start(*EXPERIMENT, "num_rollout=20", f"hydra.run.dir={run_dir}")
     try:
         wait_for(lambda: has_steps(run_dir), "the first rollout", proc)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signum)
         time.sleep(0.6)
         if proc.poll() is None:  # a second Ctrl-C, as an impatient user presses it: the same clean exit
-            proc.send_signal(signal.SIGINT)
+            proc.send_signal(signum)
         err = proc.communicate(timeout=60)[0]
     finally:
         proc.kill()
-    assert proc.returncode == 130, err[-3000:]
+    assert proc.returncode == code, err[-3000:]
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    assert f"interrupted ({name}): the newest checkpoint is {run_dir}/checkpoints/rollout_" in err
     assert f"python run.py resume={run_dir}" in err
     assert "(save_interval=1: a checkpoint after every rollout)" in err
     done = steps(run_dir)

@@ -12,10 +12,13 @@ gives it back: the runtime this module started is shut down with the last lease.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import tempfile
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,7 +57,8 @@ def acquire(address: str | None, num_cpus: int | None = None, temp_dir: str | No
                 raise ValueError(f"{who}: asks for the Ray cluster at {address!r}, but this run joined {joined!r}; "
                                  f"give every part the same address (engine.address / trainer.address)")
         elif address:
-            ray.init(address=address, logging_level=logging.WARNING)
+            with _sigterm_kept():
+                ray.init(address=address, logging_level=logging.WARNING)
             _state.update(address=address, started=False)
             logger.info("%s: joined the Ray cluster at %s", who, address)
         else:
@@ -63,11 +67,27 @@ def acquire(address: str | None, num_cpus: int | None = None, temp_dir: str | No
                                        "logging_level": logging.WARNING, "log_to_driver": False}
             if num_gpus is not None:
                 options["num_gpus"] = num_gpus
-            ray.init(**options)
+            with _sigterm_kept():
+                ray.init(**options)
             _state.update(address=None, started=True)
         lease = RayLease(who)
         _holders.append(lease)
         return lease
+
+
+@contextlib.contextmanager
+def _sigterm_kept() -> Iterator[None]:
+    """`ray.init` replaces the process's SIGTERM handler (with one that kills the node's processes
+    and exits with code 1): the handler from before comes back, so a run stopped by SIGTERM still
+    stops as after a Ctrl-C (`pipeline.process.stop_signals`); Ray's atexit hook still shuts its
+    processes down."""
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGTERM) if main_thread else None
+    try:
+        yield
+    finally:
+        if main_thread and previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def release(lease: RayLease | None) -> None:

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import signal
-import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from pipeline.rollout.contracts import as_eval_output
 from pipeline.loop.runner_async import run_async
+from pipeline.process.stop_signals import deferred_stop
 from pipeline.sinks.files import write_samples
 from pipeline.sinks.jsonl import MetricsJsonl, clean_value, read_metrics
 from pipeline.stages import STAGES, RolloutContext, StageParts
@@ -29,23 +26,6 @@ ROLLOUT_STATE_KEY = "rollout_fn_state"
 # data-source metadata key that carries the checkpointed rollout's metrics line: a run killed
 # between the checkpoint and the line (SIGKILL, power loss) gets the line back on resume
 METRICS_LINE_KEY = "metrics_line"
-
-
-@contextlib.contextmanager
-def deferred_interrupt() -> Iterator[None]:
-    """Hold a Ctrl-C (SIGINT) back until the block ends, then raise KeyboardInterrupt: a rollout's
-    checkpoint and its metrics line are written both or neither (main thread only)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    caught: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if caught:
-        raise KeyboardInterrupt
 
 
 @dataclass(frozen=True)
@@ -117,8 +97,8 @@ class Pipeline:
             export_policy(trainer, self.parts.run_dir)
 
     def commit_in_order(self, rollout_id: int, metrics: dict[str, Any]) -> None:
-        """`commit` with Ctrl-C held back until it is done (checkpoint and metrics line: both or neither)."""
-        with deferred_interrupt():
+        """`commit` with Ctrl-C and SIGTERM held back until it is done (checkpoint and metrics line: both or neither)."""
+        with deferred_stop():
             self.commit(rollout_id, metrics)
 
     def commit(self, rollout_id: int, metrics: dict[str, Any]) -> None:

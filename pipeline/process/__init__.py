@@ -1,2 +1,3 @@
 """Process-level tuning and plumbing: allocator (`malloc`), OpenMP threads (`openmp`), matmul
-precision (`precision`), console logging (`logging_setup`) and atomic file writes (`atomic`)."""
+precision (`precision`), console logging (`logging_setup`), atomic file writes (`atomic`) and
+SIGTERM as Ctrl-C (`stop_signals`)."""

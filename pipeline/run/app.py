@@ -19,6 +19,7 @@ from pipeline.config.args import SlimeArgs, to_plain, validate
 from pipeline.process.logging_setup import RunProgress, configure_console, progress_logger
 from pipeline.process.malloc import keep_freed_memory
 from pipeline.process.openmp import configure_openmp_wait
+from pipeline.process.stop_signals import exit_code, ignore_further_stops, sigterm_as_interrupt, stop_name
 from pipeline.config.plugins import SLOTS_BY_NAME, ConfigError, allowed_targets
 from pipeline.run.run_record import check_resume_config, project_upgrades, read_changes, read_record
 from pipeline.run.fresh_run import existing_run_problem, has_checkpoint
@@ -60,7 +61,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
     A resume is checked against the run's stored config first (`pipeline.run.run_record`); the run
     dir is locked while the run writes into it (`pipeline.run.run_lock`). A pre-flight error leaves
-    nothing behind; Ctrl-C ends with exit code 130 and the command that resumes the run.
+    nothing behind; Ctrl-C ends with exit code 130 and the command that resumes the run, SIGTERM
+    likewise with 143.
     """
     configure_console()
     # whether anything in this process computes on the CPU, decided without torch (the process-level
@@ -93,12 +95,12 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     main_thread = threading.current_thread() is threading.main_thread()
     on_interrupt = signal.getsignal(signal.SIGINT) if main_thread else None
     try:
-        with keep_freed_memory(plain["keep_freed_memory"], cpu_idle) as freed_memory:
+        with sigterm_as_interrupt(), keep_freed_memory(plain["keep_freed_memory"], cpu_idle) as freed_memory:
             logger.info("%s", freed_memory)
             return _run_locked(plain, run_dir, record, changes, upgrades)
-    except KeyboardInterrupt:
-        logger.warning("%s", interrupt_hint(run_dir, plain["save_interval"], _sweep_dir()))
-        raise SystemExit(130) from None
+    except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (pipeline.process.stop_signals)
+        logger.warning("%s", interrupt_hint(run_dir, plain["save_interval"], _sweep_dir(), stop_name(stop)))
+        raise SystemExit(exit_code(stop)) from None
     finally:
         run_lock.release(run_dir)
         if main_thread:
@@ -128,7 +130,7 @@ def _run_locked(plain: dict[str, Any], run_dir: str, record: dict[str, Any] | No
     allowed = allowed_targets(plain)
     closers: list[Any] = []
     sinks: list[Any] = []
-    exit_code = 1  # until the rollouts finish
+    code = 1  # until the rollouts finish
     try:
         stages = build_stages(plain, allowed)
         parts, eval_fn, schedule = build_parts(plain, args, allowed, run_dir, closers)
@@ -156,16 +158,15 @@ def _run_locked(plain: dict[str, Any], run_dir: str, record: dict[str, Any] | No
         result = pipeline.run()
         if progress.rows:
             progress_logger.info("%s", progress.summary())
-        exit_code = 0
+        code = 0
         return result
-    except KeyboardInterrupt:
-        exit_code = 130
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C does not cut the clean-up short
+    except KeyboardInterrupt as stop:
+        code = exit_code(stop)
+        ignore_further_stops()  # a second Ctrl-C or SIGTERM does not cut the clean-up short
         raise
     finally:
         for sink in sinks:
-            sink.finish(exit_code=exit_code)
+            sink.finish(exit_code=code)
         for obj in closers:
             close = getattr(obj, "close", None)
             if callable(close):

@@ -210,9 +210,10 @@ def _nth(n: int) -> str:
     return f"{n}{suffix} "
 
 
-def interrupt_hint(run_dir: str, save_interval: int | None, sweep_dir: str | None = None) -> str:
-    """What Ctrl-C kept and the command that continues the run (and, for a job of a sweep in
-    `sweep_dir`, the whole sweep). Checkpoints are written every `save_interval` rollouts (and after
+def interrupt_hint(run_dir: str, save_interval: int | None, sweep_dir: str | None = None,
+                   how: str = "Ctrl-C") -> str:
+    """What a stop (`how`: "Ctrl-C" or "SIGTERM") kept and the command that continues the run (and,
+    for a job of a sweep in `sweep_dir`, the whole sweep). Checkpoints are written every `save_interval` rollouts (and after
     the last); rollouts finished after the newest one are redone."""
     ids = checkpoint_ids(Path(run_dir))
     if not save_interval:
@@ -224,9 +225,9 @@ def interrupt_hint(run_dir: str, save_interval: int | None, sweep_dir: str | Non
     if not ids:
         advice = {1: "", None: ", with a save_interval to keep part of an interrupted run"}.get(
             save_interval or None, ", with a smaller save_interval to keep more of an interrupted run")
-        return (f"interrupted (Ctrl-C) before the first checkpoint ({every}); nothing to resume in {run_dir}: "
+        return (f"interrupted ({how}) before the first checkpoint ({every}); nothing to resume in {run_dir}: "
                 f"start the run again{advice}{sweep}")
-    return (f"interrupted (Ctrl-C): the newest checkpoint is {run_dir}/checkpoints/rollout_{max(ids)}.json "
+    return (f"interrupted ({how}): the newest checkpoint is {run_dir}/checkpoints/rollout_{max(ids)}.json "
             f"({every}); rollouts after it, finished or in flight, were not recorded and are redone on "
             f"resume. Continue with:\n"
             f"  python run.py {command_arg('resume', run_dir)}{sweep}")

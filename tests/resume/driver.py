@@ -3,7 +3,7 @@
 Usage: `python tests/resume/driver.py <hydra overrides>`. With `RESUME_MARKS=<file>` set, each
 named point appends a line `<point> <n>` (n: how often it was reached in this process) to that
 file and then sleeps `RESUME_PAUSE` seconds (default 0), leaving the harness a window to kill
-the process exactly there. Points:
+the process exactly there; with `RESUME_PAUSE_AT=<point>` it pauses at that point only. Points:
 
 - `generate`: a scripted-engine request starts
 - `reward`: a reward call starts
@@ -46,6 +46,9 @@ def mark(point: str) -> float:
         f.write(f"{point} {_COUNTS[point]}\n")
         f.flush()
         os.fsync(f.fileno())
+    only = os.environ.get("RESUME_PAUSE_AT")
+    if only and point != only:
+        return 0.0
     return float(os.environ.get("RESUME_PAUSE", "0") or 0)
 
 

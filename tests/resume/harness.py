@@ -58,12 +58,15 @@ def overrides(data: Path, num_rollout: int, deterministic: bool, dynamic_filter:
     ]
 
 
-def _env(marks: Path | None, pause: float) -> dict[str, str]:
+def _env(marks: Path | None, pause: float, pause_at: str | None = None) -> dict[str, str]:
     env = dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true", HYDRA_FULL_ERROR="1",
                OMP_WAIT_POLICY="PASSIVE", OMP_NUM_THREADS="1")
-    env.pop("RESUME_MARKS", None)
+    for key in ("RESUME_MARKS", "RESUME_PAUSE", "RESUME_PAUSE_AT"):
+        env.pop(key, None)
     if marks is not None:
         env["RESUME_MARKS"], env["RESUME_PAUSE"] = str(marks), str(pause)
+    if pause_at is not None:
+        env["RESUME_PAUSE_AT"] = pause_at
     return env
 
 

@@ -8,6 +8,7 @@ trainer.num_workers=1 (the sharded state resharded into one process) continues i
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -66,6 +67,39 @@ def test_a_killed_worker_stops_the_run_and_resume_continues_bit_identically(poli
     assert curve[:3] == train_harness.train_curve(ref)
     assert (got / "trainer" / "rollout_3" / "policy.safetensors").is_file()
     assert "trainer state loaded from" in (got / "run.log").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_sigterm_stops_a_run_with_workers_as_ctrl_c_does(policy, tmp_path):
+    """SIGTERM (a scheduler's stop, `kill`, `timeout`) to the driver of 2 Ray workers while it is
+    about to train rollout 1: Ray's own SIGTERM handler (exit 1, no clean-up) does not take it; the
+    run ends with 143 within seconds, prints the resume command, releases its lock, and its
+    workers are gone."""
+    import signal
+
+    data = harness.write_prompts(tmp_path / "prompts.jsonl", NUM_PROMPTS)
+    args = args_for(data, policy)
+    got = tmp_path / "stopped"
+    code, log, pids, took = train_harness.stop_driver(args, got, tmp_path / "marks.txt", nth=2,
+                                                      signum=signal.SIGTERM, pause=1.5)
+    assert code == 143, log[-3000:]
+    assert took < 40, f"{took:.0f} s from SIGTERM to exit"
+    assert "Traceback" not in log and "KeyboardInterrupt" not in log and "SIGTERM received" not in log, log[-3000:]
+    assert "interrupted (SIGTERM): the newest checkpoint is" in log
+    assert f"python run.py resume={got}" in log
+    assert (got / "run.lock").read_text() == ""
+    assert sorted(pids) == [0, 1]
+    deadline = time.monotonic() + 20
+    while any(train_harness.alive(pid) for pid in pids.values()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [pid for pid in pids.values() if train_harness.alive(pid)], "trainer workers outlived the run"
+    # rollout 0 checkpointed whole, sharded trainer state included, as for a killed worker (whose
+    # test above resumes such a run); test_run_dir.py resumes a run stopped by SIGTERM
+    assert sorted(p.name for p in (got / "checkpoints").glob("rollout_*.json")) == ["rollout_0.json"]
+    assert (got / "trainer" / "rollout_0" / ".metadata").is_file()
+    assert not list((got / "trainer").glob(".rollout_*"))
+    assert [row["step"] for row in train_harness.train_curve(got)] == [0]
 
 
 @pytest.mark.slow

@@ -159,3 +159,44 @@ def kill_worker(args: list[str], run_dir: Path, marks: Path, nth: int, rank: int
     if time.monotonic() - started > 30 + pause:
         raise AssertionError(f"the run took {time.monotonic() - started:.0f} s to stop after the worker was killed")
     return code, log.read_text() + err.read_text()
+
+
+def stop_driver(args: list[str], run_dir: Path, marks: Path, nth: int, signum: int,
+                pause: float = 4.0) -> tuple[int, str, dict[int, int], float]:
+    """Start the CLI run (`args`, trainer.num_workers > 1, into `run_dir`) and send its main
+    process `signum` while it pauses at its `nth` `distributed_train` mark; returns (its exit
+    code, its run.log and stderr, the workers' pids by rank, the seconds it took to exit)."""
+    import harness
+
+    marks.write_text("")
+    err = marks.with_suffix(".stderr")
+    with open(err, "w") as out:
+        proc = subprocess.Popen([sys.executable, str(harness.DRIVER), *args, f"hydra.run.dir={run_dir}"],
+                                cwd=harness.ROOT, env=harness._env(marks, pause, "distributed_train"),
+                                stdout=subprocess.DEVNULL, stderr=out)
+    deadline = time.monotonic() + 240
+    try:
+        while f"distributed_train {nth}\n" not in marks.read_text():
+            if proc.poll() is not None:
+                raise AssertionError(f"the run ended ({proc.returncode}) before distributed_train {nth}: "
+                                     f"{err.read_text()[-3000:]}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the run never reached distributed_train {nth}")
+            time.sleep(0.02)
+        pids = {int(r): int(p) for r, p in _PIDS.findall((run_dir / "run.log").read_text())}
+        proc.send_signal(signum)
+        started = time.monotonic()
+        code = proc.wait(timeout=120)
+        took = time.monotonic() - started
+    finally:
+        proc.kill()
+    return code, (run_dir / "run.log").read_text() + err.read_text(), pids, took
+
+
+def alive(pid: int) -> bool:
+    """Whether a process with `pid` still runs (a zombie counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
