@@ -39,24 +39,27 @@ def _main_thread() -> bool:
 
 
 def install_sigterm() -> None:
-    """Make SIGTERM raise `Terminated` in the main thread, again after something replaced the
-    handler (`ray.init` does); nothing off the main thread (Python allows handlers there only)."""
+    """Make SIGTERM raise `Terminated` in the main thread (unless it does already); nothing off the
+    main thread (Python allows handlers there only). `ray.init`'s replacement is undone where Ray
+    starts (`pipeline.cluster.ray_runtime`)."""
     if _main_thread() and signal.getsignal(signal.SIGTERM) is not _on_sigterm:
         signal.signal(signal.SIGTERM, _on_sigterm)
 
 
 @contextlib.contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM raises `Terminated` inside the block; the handler before it comes back after."""
+    """SIGTERM raises `Terminated` inside the block; the handlers of both stop signals from before
+    it come back after (`ignore_further_stops` inside the block holds until then)."""
     if not _main_thread():
         yield
         return
-    previous = signal.getsignal(signal.SIGTERM)
+    previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
     install_sigterm()
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 @contextlib.contextmanager

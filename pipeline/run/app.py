@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
-import threading
 from typing import Any
 
 from omegaconf import DictConfig
@@ -92,19 +90,18 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     logger.info("%s", openmp_wait)
     os.makedirs(run_dir, exist_ok=True)
     run_lock.acquire(run_dir)
-    main_thread = threading.current_thread() is threading.main_thread()
-    on_interrupt = signal.getsignal(signal.SIGINT) if main_thread else None
-    try:
-        with sigterm_as_interrupt(), keep_freed_memory(plain["keep_freed_memory"], cpu_idle) as freed_memory:
-            logger.info("%s", freed_memory)
-            return _run_locked(plain, run_dir, record, changes, upgrades)
-    except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (pipeline.process.stop_signals)
-        logger.warning("%s", interrupt_hint(run_dir, plain["save_interval"], _sweep_dir(), stop_name(stop)))
-        raise SystemExit(exit_code(stop)) from None
-    finally:
-        run_lock.release(run_dir)
-        if main_thread:
-            signal.signal(signal.SIGINT, on_interrupt)
+    # both stop signals' handlers come back only after the lock is released: a second Ctrl-C or
+    # SIGTERM (ignored from the first on) does not cut the hint or the release short
+    with sigterm_as_interrupt():
+        try:
+            with keep_freed_memory(plain["keep_freed_memory"], cpu_idle) as freed_memory:
+                logger.info("%s", freed_memory)
+                return _run_locked(plain, run_dir, record, changes, upgrades)
+        except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (pipeline.process.stop_signals)
+            logger.warning("%s", interrupt_hint(run_dir, plain["save_interval"], _sweep_dir(), stop_name(stop)))
+            raise SystemExit(exit_code(stop)) from None
+        finally:
+            run_lock.release(run_dir)
 
 
 def _cpu_idle(cfg: DictConfig) -> str | None:
