@@ -112,3 +112,18 @@ def test_off_the_main_thread_nothing_is_installed_and_nothing_raises():
     assert errors == []
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     assert signal.getsignal(signal.SIGINT) is not signal.SIG_IGN
+
+
+def test_a_sigterm_re_raised_as_a_plain_keyboard_interrupt_still_counts_as_sigterm():
+    # ray.get runs the handler while it waits and raises a fresh KeyboardInterrupt instead
+    _quiet_handlers()
+    with sigterm_as_interrupt():
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            _wait_for_delivery()
+        except Terminated:
+            plain = KeyboardInterrupt()
+        assert (exit_code(plain), stop_name(plain)) == (143, "SIGTERM")
+    with sigterm_as_interrupt():  # a new run starts with no SIGTERM seen
+        assert (exit_code(KeyboardInterrupt()), stop_name(KeyboardInterrupt())) == (130, "Ctrl-C")
+        assert (exit_code(Terminated()), stop_name(Terminated())) == (143, "SIGTERM")  # the exception alone says it

@@ -24,6 +24,9 @@ __all__ = ["Terminated", "deferred_stop", "exit_code", "ignore_further_stops", "
 
 # the signals that stop a run
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# whether a SIGTERM came since `sigterm_as_interrupt` began: Ray's `ray.get` turns an exception
+# that a handler raises while it waits into a plain KeyboardInterrupt, `Terminated` or not
+_received = {"sigterm": False}
 
 
 class Terminated(KeyboardInterrupt):
@@ -31,6 +34,7 @@ class Terminated(KeyboardInterrupt):
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    _received["sigterm"] = True
     raise Terminated
 
 
@@ -54,6 +58,7 @@ def sigterm_as_interrupt() -> Iterator[None]:
         yield
         return
     previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+    _received["sigterm"] = False
     install_sigterm()
     try:
         yield
@@ -78,6 +83,7 @@ def deferred_stop() -> Iterator[None]:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     if signal.SIGTERM in caught:
+        _received["sigterm"] = True
         raise Terminated
     if caught:
         raise KeyboardInterrupt
@@ -91,11 +97,16 @@ def ignore_further_stops() -> None:
             signal.signal(signum, signal.SIG_IGN)
 
 
+def _by_sigterm(exc: BaseException) -> bool:
+    return isinstance(exc, Terminated) or _received["sigterm"]
+
+
 def exit_code(exc: BaseException) -> int:
-    """The exit code of a run stopped by `exc`: 143 after SIGTERM, 130 after Ctrl-C."""
-    return 128 + signal.SIGTERM if isinstance(exc, Terminated) else 128 + signal.SIGINT
+    """The exit code of a run stopped by `exc`: 143 after SIGTERM (also when something on the way
+    re-raised it as a plain KeyboardInterrupt), 130 after Ctrl-C."""
+    return 128 + signal.SIGTERM if _by_sigterm(exc) else 128 + signal.SIGINT
 
 
 def stop_name(exc: BaseException) -> str:
     """How the run was stopped, for its messages: "SIGTERM" or "Ctrl-C"."""
-    return "SIGTERM" if isinstance(exc, Terminated) else "Ctrl-C"
+    return "SIGTERM" if _by_sigterm(exc) else "Ctrl-C"
