@@ -1292,7 +1292,8 @@ def test_load_hands_each_rank_its_streams_and_a_new_rank_none(tmp_path, caplog):
                                              (str(folder), None, counters)]
     assert (d.weight_version, d.optimizer_step, d._weights) == (4, 8, None)
     assert type(d.optimizer_step) is int
-    assert caplog.messages == ["trainer state of 2 worker(s) resharded over 3"]
+    assert caplog.messages == [f"trainer state loaded from {folder} (weight version 4), saved by a trainer over 2 "
+                               "workers, now fsdp2 over 3 workers (resharded)"]
 
 
 def test_load_of_a_one_process_state_gives_no_streams_and_logs_the_reshard(tmp_path, caplog):
@@ -1302,12 +1303,14 @@ def test_load_of_a_one_process_state_gives_no_streams_and_logs_the_reshard(tmp_p
                         rng={"torch": [0]})
     d.load(folder)
     assert [r[1] for r in g.calls[0][1]] == [None, None] and g.calls[0][1][0][0] == str(folder)
-    assert caplog.messages == ["trainer state of 1 worker(s) resharded over 2"]
+    assert caplog.messages == [f"trainer state loaded from {folder} (weight version 1), saved by one process, "
+                               "now fsdp2 over 2 workers (resharded)"]
     caplog.clear()
-    folder = write_meta(tmp_path / "t", format_version=FORMAT_VERSION, layout="dcp", num_workers=2,
+    folder = write_meta(tmp_path / "t", format_version=FORMAT_VERSION, layout="dcp", num_workers=2, strategy="ddp",
                         weight_version=1, optimizer_step=2, rng=["a", "b"])
     d.load(folder)
-    assert "resharded" not in caplog.text
+    assert caplog.messages == [f"trainer state loaded from {folder} (weight version 1), saved by ddp over 2 "
+                               "workers, now fsdp2 over 2 workers"]
 
 
 def test_load_refuses_a_folder_without_state_or_of_another_format(tmp_path):

@@ -277,9 +277,12 @@ class DistributedTrainer:
         per_rank = [(str(folder), rngs[r] if r < len(rngs) else None, counters) for r in range(self.num_workers)]
         self._group().call("load", per_rank)
         saved = meta.get("num_workers", 1)
-        if saved != self.num_workers:
-            logger.info("trainer state of %d worker(s) resharded over %d", saved, self.num_workers)
         self.weight_version, self.optimizer_step = counters["weight_version"], counters["optimizer_step"]
+        by = f"{meta.get('strategy', 'a trainer')} over {saved} workers" if meta.get("layout") == SHARDED_LAYOUT \
+            else "one process"
+        now = f"{self.keys['strategy']} over {self.num_workers} workers"
+        logger.info("trainer state loaded from %s (weight version %d), saved by %s, now %s%s", folder,
+                    self.weight_version, by, now, " (resharded)" if saved != self.num_workers else "")
         self._weights = None
 
 
