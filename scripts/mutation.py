@@ -58,6 +58,11 @@ MODULES: dict[str, tuple[list[str], list[str] | None]] = {
     "pipeline/process/malloc.py": (["tests/test_malloc.py"], None),
     "pipeline/process/threads.py": (["tests/test_threads.py"], None),
     "pipeline/process/stop_signals.py": (["tests/test_stop_signals.py"], None),
+    # the clean-up checks (not acquire / release: they start or join a real Ray; the engine and
+    # trainer tests run them)
+    "pipeline/cluster/ray_runtime.py": (["tests/test_ray_runtime.py"],
+                                        [f"pipeline.cluster.ray_runtime.x_{fn}__mutmut_*"
+                                         for fn in ("shuts_down_with", "gcs_reachable")]),
     # the empty-label rule and its pre-flight scan; the graders and the remote answer types (issue 31)
     "pipeline/rewards/labels.py": (["tests/rewards/test_empty_labels.py", "tests/rewards/test_slime_parity_graders.py",
                                     "tests/rewards/test_reward_preflight.py"], None),

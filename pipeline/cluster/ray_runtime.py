@@ -8,6 +8,8 @@ started it lets go.
 already up in this process is shared whatever the arguments, except that asking for another
 address than the one it joined is refused (two clusters in one run cannot be). `release(lease)`
 gives it back: the runtime this module started is shut down with the last lease.
+`shuts_down_with(lease)` and `gcs_reachable()` let clean-up skip the calls that would wait a
+minute on a GCS that is gone (or about to go).
 """
 
 from __future__ import annotations
@@ -16,13 +18,14 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import tempfile
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["RayLease", "acquire", "release"]
+__all__ = ["RayLease", "acquire", "gcs_reachable", "release", "shuts_down_with"]
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +91,39 @@ def _sigterm_kept() -> Iterator[None]:
     finally:
         if main_thread and previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def shuts_down_with(lease: RayLease | None) -> bool:
+    """Whether releasing `lease` shuts the runtime down: this module started it (a local Ray) and
+    `lease` is its last holder. Its placement groups and actors then go with it, so removing them
+    one by one first is no use; after a stop signal to the whole process group it would wait 60 s
+    on a GCS that is exiting."""
+    with _lock:
+        return bool(_state["started"]) and lease is not None and _holders == [lease]
+
+
+def gcs_reachable(timeout_s: float = 1.0) -> bool:
+    """Whether the GCS of the Ray cluster this process is connected to accepts a connection.
+
+    False once the GCS has gone: a signal to the whole process group (`timeout` without
+    `--foreground`, SLURM's `scancel`) stops a local Ray's own processes with the run, or the head
+    of a joined cluster went down. Ray's calls that need the GCS (`remove_placement_group`) then
+    retry for 60 s before Ray ends the process with exit code 1, so clean-up skips them. True where
+    the address cannot be told (Ray Client): clean-up then goes on as before."""
+    import ray
+
+    if not ray.is_initialized():
+        return False
+    try:
+        host, _, port = ray.get_runtime_context().gcs_address.rpartition(":")
+        port_number = int(port)
+    except Exception:  # noqa: BLE001 - Ray Client or an older Ray: no address to try
+        return True
+    try:
+        socket.create_connection((host, port_number), timeout=timeout_s).close()
+    except OSError:
+        return False
+    return True
 
 
 def release(lease: RayLease | None) -> None:

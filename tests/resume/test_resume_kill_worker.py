@@ -71,24 +71,32 @@ def test_a_killed_worker_stops_the_run_and_resume_continues_bit_identically(poli
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_sigterm_stops_a_run_with_workers_as_ctrl_c_does(policy, tmp_path):
+@pytest.mark.parametrize("whom", ["driver", "process group"])
+def test_sigterm_stops_a_run_with_workers_as_ctrl_c_does(policy, tmp_path, whom):
     """SIGTERM (a scheduler's stop, `kill`, `timeout`) to the driver of 2 Ray workers while it is
     about to train rollout 1: Ray's own SIGTERM handler (exit 1, no clean-up) does not take it; the
     run ends with 143 within seconds, prints the resume command, releases its lock, and its
-    workers are gone."""
+    workers are gone. To the whole process group (`timeout` without --foreground, SLURM's
+    `scancel`), the local Ray's GCS and raylet stop with the run. Its clean-up skips removing the
+    placement group (the local Ray goes down with it): that waited 60 s on the exiting GCS, then
+    Ray ended the run with exit code 1. It ends within seconds, either as above or, where Ray's
+    core worker touches the dead raylet first (it then exits at once with code 1), without the
+    hint, its lock left to the next run to take over; the checkpoint is whole either way."""
     import signal
 
     data = harness.write_prompts(tmp_path / "prompts.jsonl", NUM_PROMPTS)
     args = args_for(data, policy)
     got = tmp_path / "stopped"
     code, log, pids, took = train_harness.stop_driver(args, got, tmp_path / "marks.txt", nth=2,
-                                                      signum=signal.SIGTERM, pause=1.5)
-    assert code == 143, log[-3000:]
+                                                      signum=signal.SIGTERM, pause=1.5,
+                                                      group=whom == "process group")
     assert took < 40, f"{took:.0f} s from SIGTERM to exit"
     assert "Traceback" not in log and "KeyboardInterrupt" not in log and "SIGTERM received" not in log, log[-3000:]
-    assert "interrupted (SIGTERM): the newest checkpoint is" in log
-    assert f"python run.py resume={got}" in log
-    assert (got / "run.lock").read_text() == ""
+    assert code == 143 or (whom == "process group" and code == 1), log[-3000:]
+    if code == 143:
+        assert "interrupted (SIGTERM): the newest checkpoint is" in log
+        assert f"python run.py resume={got}" in log
+        assert (got / "run.lock").read_text() == ""
     assert sorted(pids) == [0, 1]
     deadline = time.monotonic() + 20
     while any(train_harness.alive(pid) for pid in pids.values()) and time.monotonic() < deadline:

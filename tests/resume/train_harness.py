@@ -162,9 +162,11 @@ def kill_worker(args: list[str], run_dir: Path, marks: Path, nth: int, rank: int
 
 
 def stop_driver(args: list[str], run_dir: Path, marks: Path, nth: int, signum: int,
-                pause: float = 4.0) -> tuple[int, str, dict[int, int], float]:
+                pause: float = 4.0, group: bool = False) -> tuple[int, str, dict[int, int], float]:
     """Start the CLI run (`args`, trainer.num_workers > 1, into `run_dir`) and send its main
-    process `signum` while it pauses at its `nth` `distributed_train` mark; returns (its exit
+    process `signum` while it pauses at its `nth` `distributed_train` mark (with `group`, the run
+    starts a session of its own and the signal goes to its whole process group, Ray's processes
+    included, as `timeout` without `--foreground` or SLURM's `scancel` send it); returns (its exit
     code, its run.log and stderr, the workers' pids by rank, the seconds it took to exit)."""
     import harness
 
@@ -173,7 +175,7 @@ def stop_driver(args: list[str], run_dir: Path, marks: Path, nth: int, signum: i
     with open(err, "w") as out:
         proc = subprocess.Popen([sys.executable, str(harness.DRIVER), *args, f"hydra.run.dir={run_dir}"],
                                 cwd=harness.ROOT, env=harness._env(marks, pause, "distributed_train"),
-                                stdout=subprocess.DEVNULL, stderr=out)
+                                stdout=subprocess.DEVNULL, stderr=out, start_new_session=group)
     deadline = time.monotonic() + 240
     try:
         while f"distributed_train {nth}\n" not in marks.read_text():
@@ -184,7 +186,10 @@ def stop_driver(args: list[str], run_dir: Path, marks: Path, nth: int, signum: i
                 raise TimeoutError(f"the run never reached distributed_train {nth}")
             time.sleep(0.02)
         pids = {int(r): int(p) for r, p in _PIDS.findall((run_dir / "run.log").read_text())}
-        proc.send_signal(signum)
+        if group:
+            os.killpg(proc.pid, signum)
+        else:
+            proc.send_signal(signum)
         started = time.monotonic()
         code = proc.wait(timeout=120)
         took = time.monotonic() - started

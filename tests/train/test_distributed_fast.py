@@ -1602,6 +1602,10 @@ def fake_ray(monkeypatch):
     monkeypatch.setattr(ray, "kill", kill)
     monkeypatch.setattr(pg, "remove_placement_group", remove)
     monkeypatch.setattr(group_module.ray_runtime, "release", lambda lease: log.released.append(lease))
+    # a joined cluster whose GCS answers, unless a test says otherwise
+    log.last_lease, log.gcs_up = False, True
+    monkeypatch.setattr(group_module.ray_runtime, "shuts_down_with", lambda lease: log.last_lease and lease == "lease")
+    monkeypatch.setattr(group_module.ray_runtime, "gcs_reachable", lambda: log.gcs_up)
     return log
 
 
@@ -1770,6 +1774,23 @@ def test_close_stops_every_worker_once_and_releases_ray(fake_ray):
     g._lease = g._pg = None
     g.close()
     assert fake_ray.killed == [0, 1, 0, 1] and fake_ray.removed == ["pg"] and fake_ray.released == ["lease", None]
+
+
+@pytest.mark.parametrize("last_lease, gcs_up, removed", [(False, True, ["pg"]), (True, True, []),
+                                                         (False, False, [])])
+def test_close_frees_the_placement_group_only_where_it_outlives_the_run_and_the_gcs_answers(
+        fake_ray, caplog, last_lease, gcs_up, removed):
+    """A local Ray that stops with this lease takes the placement group along; a GCS that is gone
+    (removing would wait 60 s and end the run) took it along: the workers are stopped and the
+    lease released either way."""
+    caplog.set_level("INFO")
+    fake_ray.last_lease, fake_ray.gcs_up = last_lease, gcs_up
+    g = running_group(["a", "b"])
+    g.close()
+    assert fake_ray.removed == removed and fake_ray.killed == [0, 1] and fake_ray.released == ["lease"]
+    assert (g.actors, g._pg, g._lease) == ([], None, None)
+    assert caplog.messages == ([] if gcs_up else
+                               ["trainer: the Ray cluster's GCS is gone; the workers' placement group went with it"])
 
 
 def test_workers_import_what_the_driver_imports_and_get_their_thread_count(tmp_path, monkeypatch):

@@ -185,13 +185,18 @@ class WorkerGroup:
             except Exception:  # noqa: BLE001 - dead already
                 pass
         self.actors = []
-        if self._pg is not None:
+        # a local Ray that stops with this lease takes its placement group along; removing it first
+        # would wait 60 s on a GCS that a stop signal to the whole process group is ending
+        if self._pg is not None and not ray_runtime.shuts_down_with(self._lease):
             from ray.util.placement_group import remove_placement_group
 
-            try:
-                remove_placement_group(self._pg)
-            except Exception:  # noqa: BLE001 - the runtime is gone already
-                pass
-            self._pg = None
+            if not ray_runtime.gcs_reachable():
+                logger.info("trainer: the Ray cluster's GCS is gone; the workers' placement group went with it")
+            else:
+                try:
+                    remove_placement_group(self._pg)
+                except Exception:  # noqa: BLE001 - the runtime is gone already
+                    pass
+        self._pg = None
         ray_runtime.release(self._lease)
         self._lease = None
